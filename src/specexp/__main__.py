@@ -1,0 +1,46 @@
+"""`python -m specexp [group=option ...] [key=value ...]`: compose, validate, seed, dispatch on `task`.
+
+Returns the metric a Hydra sweeper optimises (macro τ for task=eval).
+"""
+from __future__ import annotations
+
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from .cli import CONF_DIR, fail, precheck
+from .errors import UserError
+
+
+def run_task(cfg: DictConfig, out_dir: str):
+    import torch
+
+    from .errors import one_of
+    from .eval.evaluator import run_eval
+
+    tasks = {"eval": run_eval}
+    one_of("task", cfg.task.name, tasks)
+    torch.manual_seed(cfg.seed)
+    if cfg.get("cpu_threads"):
+        torch.set_num_threads(cfg.cpu_threads)
+    summary = tasks[cfg.task.name](cfg, out_dir)
+    return summary.get("macro", {}).get("tau") if isinstance(summary, dict) else None
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+def _hydra_main(cfg: DictConfig):
+    try:
+        return run_task(cfg, HydraConfig.get().runtime.output_dir)
+    except UserError as e:
+        fail(str(e))
+
+
+def main() -> None:
+    precheck(sys.argv[1:])
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Command-line checks that run before Hydra: a wrong group option or key is one line listing the valid
+choices (Hydra's own messages span many lines and end with a stack-trace hint)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+# Hydra flags that take a value as the next argument.
+_FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--cfg", "-c",
+                     "--package", "-p", "--info", "-i", "--experimental-rerun"}
+
+
+def _first_line(e: BaseException) -> str:
+    while e is not None and not str(e).strip():
+        e = e.__cause__ or e.__context__
+    return str(e).strip().splitlines()[0] if e is not None else "invalid command line"
+
+
+def fail(message: str, code: int = 2) -> None:
+    print(f"specexp: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def groups() -> dict[str, list[str]]:
+    return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(CONF_DIR.iterdir()) if d.is_dir()}
+
+
+def _overrides(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in _FLAGS_WITH_VALUE:
+            skip = True
+        elif not a.startswith("-"):
+            out.append(a)
+    return out
+
+
+def precheck(argv: list[str]) -> None:
+    """Validate group options and keys of the command line against the conf tree; exit with one line."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(_overrides(argv))
+    except HydraException as e:
+        fail(_first_line(e))
+    options = groups()
+    group_args = []
+    for o in parsed:
+        key = o.key_or_group
+        if key.startswith("hydra") or o.package is not None:
+            continue
+        if key in options and not o.is_delete():
+            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
+            for v in values:
+                if str(v) not in options[key]:
+                    fail(f"{key}={v} is not an option; choose one of: {', '.join(options[key])}")
+            group_args.append(f"{o.get_key_element()}={values[0]}")
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=group_args)
+    except HydraException as e:
+        fail(_first_line(e))
+    for o in parsed:
+        key = o.key_or_group
+        if key.startswith("hydra") or key in options or o.is_add() or o.is_force_add() or o.is_delete():
+            continue
+        if OmegaConf.select(cfg, key, default="<missing>") == "<missing>":
+            parent, _, leaf = key.rpartition(".")
+            node = OmegaConf.select(cfg, parent) if parent else cfg
+            valid = sorted(node.keys()) if OmegaConf.is_dict(node) else []
+            where = f"under '{parent}'" if parent else "at the top level"
+            fail(f"unknown key '{key}'; valid keys {where}: {', '.join(map(str, valid))} "
+                 f"(prefix with + to add a new key)")

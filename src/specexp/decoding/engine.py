@@ -1,0 +1,91 @@
+"""One speculative-decoding loop for every drafter; the autoregressive baseline is the same loop with no
+drafter (K = 0 drafts, every step commits exactly the target's own next token).
+
+Batch size 1, as in the reference runtimes. The target's KV cache holds every committed token except the
+newest (the anchor), which is fed at the start of the next verified block.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..drafters.base import Drafter, Proposal, Sampling
+from ..eval.timing import now
+from .verify import verify
+
+
+@dataclass
+class DecodeConfig:
+    protocol: str = "greedy"           # greedy | A | B (see decoding/verify.py)
+    temperature: float = 0.0
+    max_new_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class Generation:
+    """One generated turn. `accept_lengths[i]` = tokens committed by verification i (accepted drafts + the
+    bonus token, after truncation at a stop token or the token budget); `drafted[i]` = drafts verified."""
+
+    prompt_len: int
+    tokens: list[int] = field(default_factory=list)
+    accept_lengths: list[int] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)
+    ttft_s: float = 0.0               # target prefill + first token
+    decode_s: float = 0.0             # everything after the drafter's prefill
+    stop_reason: str = "length"       # stop | length
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens produced by the decode loop (the first token comes from prefill)."""
+        return max(len(self.tokens) - 1, 0)
+
+
+@torch.inference_mode()
+def generate(target, drafter: Drafter | None, prompt_ids: list[int], dc: DecodeConfig,
+             generator: torch.Generator | None = None) -> Generation:
+    dev = target.device
+    taps = drafter.tap_layers if drafter is not None else ()
+    sampling = Sampling(dc.temperature, generator) if dc.protocol == "B" else None
+    stops = set(dc.stop_token_ids)
+    no_drafts = Proposal(torch.empty(0, dtype=torch.long, device=dev))
+    gen = Generation(prompt_len=len(prompt_ids))
+
+    # Prefill: the first token is the target's own (no drafts), its logits from the last prompt position.
+    t0 = now(dev)
+    cache = target.new_cache()
+    ids = torch.tensor([prompt_ids], device=dev)                                     # [1, P]
+    logits, hidden = target.forward(ids, 0, cache, taps=taps, last_only=True)        # [1, 1, V], [1, P, nH]
+    _, anchor = verify(dc.protocol, logits[0], no_drafts.tokens, None, dc.temperature, generator)
+    gen.ttft_s = now(dev) - t0
+    gen.tokens.append(anchor)
+    if drafter is not None:
+        drafter.reset()
+        drafter.prefill(hidden)
+
+    start = len(prompt_ids)                              # position of the anchor
+    t0 = now(dev)
+    done = anchor in stops
+    while not done and len(gen.tokens) < dc.max_new_tokens:
+        # Never draft past the budget: k drafts + 1 bonus must fit.
+        k = min(drafter.max_drafts if drafter is not None else 0, dc.max_new_tokens - len(gen.tokens) - 1)
+        prop = drafter.propose(anchor, start, k, sampling) if k > 0 else no_drafts
+        block = torch.cat([torch.tensor([anchor], device=dev), prop.tokens])[None]   # [1, k+1]
+        logits, hidden = target.forward(block, start, cache, taps=taps)             # [1, k+1, V]
+        n, bonus = verify(dc.protocol, logits[0], prop.tokens, prop.q, dc.temperature, generator)
+        target.rollback(cache, k - n)                    # keep anchor + n accepted drafts
+        if drafter is not None:
+            drafter.commit(n, hidden[:, : n + 1] if hidden is not None else None)
+        new = prop.tokens[:n].tolist() + [bonus]
+        for i, t in enumerate(new):                      # truncate at the first stop token
+            if t in stops:
+                new, done = new[: i + 1], True
+                break
+        gen.tokens += new
+        gen.accept_lengths.append(len(new))
+        gen.drafted.append(k)
+        anchor, start = bonus, start + n + 1
+    gen.decode_s = now(dev) - t0
+    gen.stop_reason = "stop" if gen.tokens[-1] in stops else "length"
+    return gen

@@ -1,0 +1,53 @@
+"""The drafter protocol the engine talks to. A drafter never imports verification.
+
+Life of one generation (positions are absolute, as the target's):
+  reset()                          forget the previous sequence
+  prefill(taps)                    taps of the prompt, positions 0..P-1 (excluded from decode time)
+  loop:
+    propose(anchor, start, k, s)   anchor = last committed token, at position `start`, not yet seen by the
+                                   target; return k drafts for positions start+1 .. start+k
+    commit(n, taps)                n drafts were accepted; taps of [anchor, d1..dn] (positions
+                                   start .. start+n) become context; the bonus is the next anchor
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class Sampling:
+    """Draft by sampling at `temperature` (protocol B). `None` in its place means argmax drafts."""
+
+    temperature: float
+    generator: torch.Generator
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor              # [K] long, on the target's device
+    q: torch.Tensor | None = None     # [K, V] distributions the tokens were sampled from (protocol B only)
+
+
+class Drafter(Protocol):
+    name: str
+    max_drafts: int                   # K: drafts per step at most (block size - 1 for DFlash)
+    tap_layers: tuple[int, ...]       # target hidden-state taps the drafter reads; () if none
+
+    def reset(self) -> None: ...
+
+    def prefill(self, taps: torch.Tensor | None) -> None: ...
+
+    def propose(self, anchor: int, start: int, k: int, sampling: Sampling | None) -> Proposal: ...
+
+    def commit(self, n_accepted: int, taps: torch.Tensor | None) -> None: ...
+
+
+def choose(logits: torch.Tensor, sampling: Sampling | None) -> Proposal:
+    """Drafts from per-position draft logits `[K, V]`: argmax, or samples with their distributions."""
+    if sampling is None:
+        return Proposal(logits.argmax(-1))
+    q = torch.softmax(logits.float() / sampling.temperature, dim=-1)                  # [K, V]
+    return Proposal(torch.multinomial(q, 1, generator=sampling.generator)[:, 0], q)

@@ -1,0 +1,381 @@
+"""DFlash drafter: a few Qwen3 decoder layers that fill a block `[anchor, MASK x (B-1)]` in one
+bidirectional pass, reading the target's fused hidden states through their K/V ("KV injection").
+
+Own implementation of the z-lab checkpoint format (`z-lab/Qwen3-{4B,8B}-DFlash-b16`), no remote code:
+  config.json        Qwen3 fields + `block_size`, `num_target_layers`,
+                     `dflash_config.{mask_token_id, target_layer_ids}`
+  model.safetensors  `layers.i.{self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, mlp.{gate,up,down}_proj,
+                     input_layernorm, post_attention_layernorm}.weight`, `fc.weight`, `hidden_norm.weight`,
+                     `norm.weight`; no embedding and no lm_head (the target's are shared, frozen).
+
+Forward (per call): ctx = hidden_norm(fc(concat taps)) is fed to every layer; each layer's queries come from
+the block only, its keys/values are [k_proj(ctx); k_proj(block)] (same weights, k_norm on both, RoPE at
+absolute positions), no causal mask. Block position k >= 1 predicts the token at anchor + k; position 0's
+output is discarded. The draft cache keeps only context K/V; block K/V are recomputed every step.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import UserError, check
+from .base import Proposal, Sampling, choose
+
+CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = "config.json", "model.safetensors", "model.safetensors.index.json"
+
+
+def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """Reference rule: uniformly from the 2nd to the 3rd-to-last layer ([1, 9, 17, 25, 33] for 36, 5)."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [int(round(start + i * (end - start) / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+@dataclass
+class DFlashConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    block_size: int
+    num_target_layers: int
+    target_layer_ids: list[int]
+    mask_token_id: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1e6
+    max_position_embeddings: int = 40960
+    attention_bias: bool = False
+    extra: dict = field(default_factory=dict)           # other config.json fields, written back unchanged
+    dflash_extra: dict = field(default_factory=dict)    # other dflash_config fields, likewise
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DFlashConfig":
+        d = json.loads(json.dumps(d))                    # deep copy
+        dc = d.pop("dflash_config", None) or {}
+        known = {f.name for f in fields(cls)} - {"extra", "dflash_extra", "target_layer_ids", "mask_token_id"}
+        kw = {k: d.pop(k) for k in list(d) if k in known}
+        if "rope_theta" not in kw:                       # transformers 5 writes rope_parameters instead
+            kw["rope_theta"] = (d.get("rope_parameters") or {}).get("rope_theta", 1e6)
+        missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                               "num_key_value_heads", "vocab_size", "block_size") if k not in kw]
+        if missing:
+            raise UserError(f"DFlash config.json lacks {', '.join(missing)}")
+        kw.setdefault("head_dim", kw["hidden_size"] // kw["num_attention_heads"])
+        kw.setdefault("num_target_layers", kw["num_hidden_layers"])
+        layer_ids = dc.pop("target_layer_ids", None)
+        mask = dc.pop("mask_token_id", None)
+        if mask is None:
+            raise UserError("DFlash config.json has no dflash_config.mask_token_id (pre-Feb-2026 checkpoint?); "
+                            "add it (151669 for Qwen3)")
+        layer_ids = list(layer_ids) if layer_ids is not None else build_target_layer_ids(
+            kw["num_target_layers"], kw["num_hidden_layers"])
+        return cls(**kw, target_layer_ids=layer_ids, mask_token_id=int(mask), extra=d, dflash_extra=dc)
+
+    def to_dict(self) -> dict:
+        d = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", **self.extra}
+        for f in fields(self):
+            if f.name not in ("extra", "dflash_extra", "target_layer_ids", "mask_token_id"):
+                d[f.name] = getattr(self, f.name)
+        if "rope_parameters" in self.extra:
+            d.pop("rope_theta")
+        d["dflash_config"] = {**self.dflash_extra, "mask_token_id": self.mask_token_id,
+                              "target_layer_ids": list(self.target_layer_ids)}
+        return d
+
+    @classmethod
+    def for_target(cls, target, num_layers: int, block_size: int, target_layer_ids=None) -> "DFlashConfig":
+        """A drafter sized to `target` (same hidden size, heads and MLP width, as the z-lab drafters)."""
+        tc = target.config
+        rope = getattr(tc, "rope_parameters", None) or {}
+        return cls(
+            hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size, num_hidden_layers=num_layers,
+            num_attention_heads=tc.num_attention_heads, num_key_value_heads=tc.num_key_value_heads,
+            head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
+            vocab_size=target.vocab_size, block_size=block_size, num_target_layers=tc.num_hidden_layers,
+            target_layer_ids=list(target_layer_ids) if target_layer_ids else
+            build_target_layer_ids(tc.num_hidden_layers, num_layers),
+            mask_token_id=target.mask_token_id, rms_norm_eps=tc.rms_norm_eps,
+            rope_theta=rope.get("rope_theta", getattr(tc, "rope_theta", 1e6)),
+            max_position_embeddings=tc.max_position_embeddings,
+        )
+
+
+# ---------------------------------------------------------------------------------------------- modules
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
+
+    def forward(self, x):
+        h = x.float()                                    # Qwen3: normalise in fp32, scale in the input dtype
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotate(x, cos, sin):                                  # HF rotate_half convention
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, c: DFlashConfig):
+        super().__init__()
+        self.nh, self.nkv, self.hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, self.nh * self.hd, bias=c.attention_bias)
+        self.k_proj = nn.Linear(c.hidden_size, self.nkv * self.hd, bias=c.attention_bias)
+        self.v_proj = nn.Linear(c.hidden_size, self.nkv * self.hd, bias=c.attention_bias)
+        self.o_proj = nn.Linear(self.nh * self.hd, c.hidden_size, bias=c.attention_bias)
+        self.q_norm = RMSNorm(self.hd, c.rms_norm_eps)
+        self.k_norm = RMSNorm(self.hd, c.rms_norm_eps)
+
+    def kv(self, x, cos, sin):
+        """Keys and values of a stream `x [B, T, H]` → `[B, Hkv, T, D]` each (keys normed and rotated)."""
+        b, t, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, t, self.nkv, self.hd)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        return rotate(k, cos, sin), v
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask=None):
+        b, q_len, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, q_len, self.nh, self.hd)).transpose(1, 2)   # [B, Hq, Q, D]
+        q = rotate(q, cos, sin)
+        k, v = self.kv(x, cos, sin)                                                        # [B, Hkv, Q, D]
+        k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)                  # [B, Hkv, C+Q, D]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.hd ** -0.5,
+                                             enable_gqa=self.nh != self.nkv)               # [B, Hq, Q, D]
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: DFlashConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: DFlashConfig):
+        super().__init__()
+        self.self_attn, self.mlp = Attention(c), MLP(c)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDraftModel(nn.Module):
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        c = self.config = config
+        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_hidden_layers))
+        self.fc = nn.Linear(len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        """cos, sin `[B, 1, T, D]` for absolute `positions [B, T]` (default RoPE, computed in fp32 as HF)."""
+        d = self.config.head_dim
+        inv_freq = 1.0 / self.config.rope_theta ** (
+            torch.arange(0, d, 2, dtype=torch.float32, device=positions.device) / d)      # [D/2]
+        freqs = positions[..., None].float() * inv_freq                                    # [B, T, D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)[:, None]                                   # [B, 1, T, D]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per-layer context K/V from target taps `[B, C, n*H]` at `positions [B, C]`."""
+        ctx = self.hidden_norm(self.fc(taps))                                              # [B, C, H]
+        cos, sin = self.rope(positions, ctx.dtype)
+        return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx_kv, mask=None) -> torch.Tensor:
+        """Block stream `x [B, Q, H]` (target embeddings of the block ids) at `positions [B, Q]` → hidden
+        `[B, Q, H]` after the final norm. `mask [B|1, 1, Q, C+Q]` (bool, True = attend) or None = full."""
+        cos, sin = self.rope(positions, x.dtype)
+        for layer, (k, v) in zip(self.layers, ctx_kv):
+            x = layer(x, cos, sin, k, v, mask)
+        return self.norm(x)
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype | None = None,
+                        device: str | torch.device = "cpu") -> "DFlashDraftModel":
+        """Load a z-lab-format checkpoint directory strictly: a missing, unexpected or misshapen key is an error."""
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        check(path.is_dir(), f"drafter.checkpoint={str(path)!r}: no such directory")
+        check((path / CONFIG_FILE).exists(), f"drafter.checkpoint={str(path)!r}: no {CONFIG_FILE}")
+        try:
+            raw = json.loads((path / CONFIG_FILE).read_text())
+        except json.JSONDecodeError as e:
+            raise UserError(f"drafter.checkpoint={str(path)!r}: {CONFIG_FILE} is not valid JSON ({e})") from None
+        config = DFlashConfig.from_dict(raw)
+        if (path / INDEX_FILE).exists():
+            shards = sorted(set(json.loads((path / INDEX_FILE).read_text())["weight_map"].values()))
+        else:
+            check((path / WEIGHTS_FILE).exists(), f"drafter.checkpoint={str(path)!r}: no {WEIGHTS_FILE}")
+            shards = [WEIGHTS_FILE]
+        state = {}
+        for shard in shards:
+            try:
+                state.update(load_file(path / shard))
+            except Exception as e:
+                raise UserError(f"drafter.checkpoint={str(path)!r}: cannot read {shard} ({e})") from None
+        with torch.device("meta"):
+            model = cls(config)
+        expected = model.state_dict()
+        missing = sorted(set(expected) - set(state))
+        unexpected = sorted(set(state) - set(expected))
+        check(not missing, f"drafter.checkpoint={str(path)!r}: missing key {missing[0]}"
+                           + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        check(not unexpected, f"drafter.checkpoint={str(path)!r}: unexpected key {unexpected[0]}"
+                              + (f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""))
+        for k, t in state.items():
+            check(t.shape == expected[k].shape, f"drafter.checkpoint={str(path)!r}: {k} has shape "
+                                                f"{list(t.shape)}, config.json implies {list(expected[k].shape)}")
+        model.load_state_dict(state, strict=True, assign=True)          # weights keep the file's dtype
+        return model.to(device=device, dtype=dtype).eval()
+
+    def save_pretrained(self, path: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
+        """Write config.json + model.safetensors (z-lab key names); files are replaced atomically."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in self.state_dict().items()}
+        tmp_w, tmp_c = path / (WEIGHTS_FILE + ".tmp"), path / (CONFIG_FILE + ".tmp")
+        save_file(state, tmp_w, metadata={"format": "pt"})
+        tmp_c.write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+        os.replace(tmp_w, path / WEIGHTS_FILE)
+        os.replace(tmp_c, path / CONFIG_FILE)
+
+
+def init_weights(model: DFlashDraftModel, seed: int, std: float = 0.02) -> DFlashDraftModel:
+    """Random init (tests and smoke runs): N(0, std) linears, unit norms; seeded, leaves global RNG alone."""
+    g = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            with torch.no_grad():
+                m.weight.copy_(torch.randn(m.weight.shape, generator=g) * std)
+                if m.bias is not None:
+                    m.bias.zero_()
+    return model
+
+
+# ----------------------------------------------------------------------------------------- the drafter
+class DFlashDrafter:
+    """Engine adapter: keeps per-layer context K/V of every committed position before the anchor."""
+
+    name = "dflash"
+
+    def __init__(self, model: DFlashDraftModel, target):
+        c = model.config
+        self.model, self.embed, self.lm_head = model, target.embed_tokens, target.lm_head
+        self.block_size, self.max_drafts = c.block_size, c.block_size - 1
+        self.tap_layers = tuple(c.target_layer_ids)
+        self.mask_token_id = c.mask_token_id
+        self.reset()
+
+    def reset(self) -> None:
+        self.ctx: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.ctx_len = 0
+
+    @torch.inference_mode()
+    def _append(self, taps: torch.Tensor) -> None:
+        pos = torch.arange(self.ctx_len, self.ctx_len + taps.shape[1], device=taps.device)[None]   # [1, C]
+        kv = self.model.context_kv(taps.to(self.model.fc.weight.dtype), pos)
+        self.ctx = kv if self.ctx is None else [
+            (torch.cat([k0, k], dim=2), torch.cat([v0, v], dim=2)) for (k0, v0), (k, v) in zip(self.ctx, kv)]
+        self.ctx_len += taps.shape[1]
+
+    def prefill(self, taps: torch.Tensor | None) -> None:
+        self._append(taps)
+
+    def commit(self, n_accepted: int, taps: torch.Tensor | None) -> None:
+        self._append(taps)
+
+    @torch.inference_mode()
+    def block_logits(self, anchor: int, start: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden `[1, B, H]` of the block at positions start..start+B-1 and logits `[k, V]` of rows 1..k."""
+        assert start == self.ctx_len, "context must be exactly the positions before the anchor"
+        dev = self.model.fc.weight.device
+        ids = torch.full((1, self.block_size), self.mask_token_id, device=dev)
+        ids[0, 0] = anchor                                                                  # [1, B]
+        pos = torch.arange(start, start + self.block_size, device=dev)[None]                # [1, B]
+        hidden = self.model(self.embed(ids), pos, self.ctx)                                 # [1, B, H]
+        return hidden, self.lm_head(hidden[0, 1: k + 1])                                    # [k, V]
+
+    def propose(self, anchor: int, start: int, k: int, sampling: Sampling | None) -> Proposal:
+        return choose(self.block_logits(anchor, start, k)[1], sampling)
+
+
+def resolve_checkpoint(path_or_id: str) -> Path:
+    """A local directory, or a hub repo id downloaded (config + safetensors only, never code)."""
+    p = Path(os.path.expanduser(path_or_id))
+    if p.exists() or path_or_id.startswith((".", "/", "~")) or path_or_id.count("/") != 1:
+        return p
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(path_or_id, allow_patterns=["config.json", "*.safetensors",
+                                                                  "model.safetensors.index.json"]))
+    except Exception as e:
+        raise UserError(f"drafter.checkpoint={path_or_id!r}: not a local directory and not downloadable from the "
+                        f"hub ({type(e).__name__}); download it and pass the directory") from None
+
+
+def check_fits(config: DFlashConfig, target, where: str) -> None:
+    """A checkpoint must match the target it drafts for; each mismatch is one clear line."""
+    check(config.hidden_size == target.hidden_size,
+          f"{where}: hidden_size {config.hidden_size} does not fit target {target.name} (hidden {target.hidden_size})")
+    check(config.vocab_size == target.vocab_size,
+          f"{where}: vocab_size {config.vocab_size} does not fit target {target.name} (vocab {target.vocab_size})")
+    check(config.block_size >= 2, f"{where}: block_size {config.block_size} must be at least 2")
+    check(config.num_target_layers == target.num_layers,
+          f"{where}: num_target_layers {config.num_target_layers} does not fit target {target.name} "
+          f"({target.num_layers} layers)")
+    bad = [i for i in config.target_layer_ids if not 0 <= i < target.num_layers]
+    check(not bad, f"{where}: target_layer_ids {config.target_layer_ids} out of range for target {target.name} "
+                   f"(layers 0..{target.num_layers - 1})")
+    check(0 <= config.mask_token_id < target.vocab_size,
+          f"{where}: mask_token_id {config.mask_token_id} outside the target vocabulary (0..{target.vocab_size - 1})")
+
+
+def build(cfg, target) -> DFlashDrafter:
+    """From the `drafter` config group: `init=random` (sized to the target), `init=checkpoint`, or
+    `init=auto` (the checkpoint when one is set, else random)."""
+    init = cfg.init
+    if init == "auto":
+        init = "checkpoint" if cfg.get("checkpoint") else "random"
+        if init == "random":
+            print(f"specexp: no DFlash checkpoint for target {target.name}: using a random-init drafter "
+                  f"(τ ≈ 1); pass drafter.checkpoint=DIR for a trained one", flush=True)
+    if init == "random":
+        config = DFlashConfig.for_target(target, cfg.num_layers, cfg.block_size, cfg.get("target_layer_ids"))
+        model = init_weights(DFlashDraftModel(config), cfg.seed)
+    elif init == "checkpoint":
+        check(bool(cfg.get("checkpoint")), "drafter.init=checkpoint needs drafter.checkpoint=DIR (or a hub id); "
+                                           "use drafter.init=random for a random-init drafter")
+        path = resolve_checkpoint(str(cfg.checkpoint))
+        model = DFlashDraftModel.from_pretrained(path)
+        check_fits(model.config, target, f"drafter.checkpoint={str(cfg.checkpoint)!r}")
+    else:
+        raise UserError(f"drafter.init={cfg.init!r} is not valid; choose one of: auto, random, checkpoint")
+    model = model.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+    return DFlashDrafter(model, target)

@@ -1,0 +1,209 @@
+"""The evaluator: runs every benchmark sample through the engine with the drafter and with no drafter (the
+AR baseline), writes one `samples.jsonl` record per turn as each sample finishes, and summarises.
+
+Files in the run directory (the results contract of DESIGN.md):
+  samples.jsonl   appended as each sample finishes; a rerun into the same directory skips finished samples
+  summary.json    per-benchmark τ, speedup, TPOT, per-position acceptance, τ histogram, lossless mismatches
+  summary.md      the table printed to the terminal
+  config.yaml     the resolved config;  run_info.json  git SHA, package versions, device
+  run.json        what the results depend on; a rerun with a different one is refused
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import zlib
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from tqdm.auto import tqdm
+
+from .. import benchmarks, registry
+from ..decoding.engine import DecodeConfig, Generation, generate
+from ..decoding.verify import PROTOCOLS
+from ..errors import UserError, check
+from ..report.tables import summary_markdown
+from ..targets import resolve_device
+from ..tracking import make_logger, run_info, write_json
+from . import metrics
+
+
+def decode_config(decoding, ev, target) -> DecodeConfig:
+    protocol, temp = decoding.protocol, decoding.temperature
+    check(protocol in PROTOCOLS, f"decoding.protocol={protocol!r} is not valid; choose one of: {', '.join(PROTOCOLS)}")
+    check(isinstance(temp, (int, float)) and math.isfinite(temp) and temp >= 0,
+          f"decoding.temperature={temp!r} must be a finite number >= 0")
+    check((protocol == "greedy") == (temp == 0),
+          f"decoding.protocol={protocol} with decoding.temperature={temp}: greedy needs T=0 and protocols A/B "
+          f"need T>0 (use decoding=greedy, decoding=sample_a or decoding=sample_b)")
+    check(isinstance(ev.max_new_tokens, int) and ev.max_new_tokens > 0,
+          f"eval.max_new_tokens={ev.max_new_tokens!r} must be a positive int")
+    return DecodeConfig(protocol, float(temp), ev.max_new_tokens, tuple(target.stop_token_ids))
+
+
+def turn_seed(seed: int, sample_id: str, turn: int) -> int:
+    """Per-turn sampling seed, independent of sample order (a resumed run draws the same numbers)."""
+    return zlib.crc32(f"{seed}/{sample_id}/{turn}".encode())
+
+
+class ResultStore:
+    """`samples.jsonl` + the run fingerprint. Only appends; never rewrites what an earlier run wrote."""
+
+    def __init__(self, out_dir: Path, fingerprint: dict):
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.samples = self.dir / "samples.jsonl"
+        run_file = self.dir / "run.json"
+        if run_file.exists():
+            old = json.loads(run_file.read_text())
+            diff = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
+            check(not diff, f"{self.dir} holds results of a different run ({', '.join(diff)} differ); "
+                            f"choose another hydra.run.dir or rerun with the same settings to resume")
+        self.records: list[dict] = []
+        if self.samples.exists():
+            lines = self.samples.read_text().splitlines()
+            for i, line in enumerate(lines):
+                try:
+                    self.records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    # Only a torn last line (a crash mid-write) is tolerated; it is dropped on resume.
+                    check(i == len(lines) - 1, f"{self.samples} line {i + 1} is corrupt; move the file away")
+                    self._rewrite_without_torn_tail()
+        write_json(run_file, fingerprint)
+
+    def _rewrite_without_torn_tail(self):
+        tmp = self.samples.with_name("samples.jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        os.replace(tmp, self.samples)
+
+    def done(self) -> set[tuple[str, str]]:
+        return {(r["benchmark"], r["id"]) for r in self.records}
+
+    def append(self, recs: list[dict]) -> None:
+        with self.samples.open("a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in recs))
+            f.flush()
+            os.fsync(f.fileno())
+        self.records += recs
+
+
+def _record(sample, turn: int, prompt_len: int, spec: Generation, ar: Generation | None, text: str,
+            lossless: bool | None, save_text: bool) -> dict:
+    rec = {
+        "id": sample.id, "benchmark": sample.benchmark, "turn": turn, "prompt_tokens": prompt_len,
+        "new_tokens": len(spec.tokens), "accept_lengths": spec.accept_lengths, "drafted": spec.drafted,
+        "tau": metrics.turn_tau(spec.accept_lengths), "ttft": spec.ttft_s,
+        "tpot": metrics.tpot(spec.decode_s, spec.decode_tokens), "stop_reason": spec.stop_reason,
+        "ar_new_tokens": len(ar.tokens) if ar else None, "ar_ttft": ar.ttft_s if ar else None,
+        "ar_tpot": metrics.tpot(ar.decode_s, ar.decode_tokens) if ar else None,
+        "text_sha256": hashlib.sha256(text.encode()).hexdigest(), "lossless": lossless,
+    }
+    if save_text:
+        rec["text"] = text
+    return rec
+
+
+def run_sample(target, drafter, sample, dc: DecodeConfig, ev, seed: int) -> list[dict]:
+    """All turns of one sample; each next user turn follows the model's own previous answer."""
+    k = drafter.max_drafts if drafter is not None else 0
+    messages, recs = [], []
+    for turn, user in enumerate(sample.turns):
+        messages.append({"role": "user", "content": user})
+        ids = target.encode_chat(messages)
+        need = len(ids) + dc.max_new_tokens + k + 1
+        check(need <= target.max_context,
+              f"sample {sample.id} turn {turn}: prompt of {len(ids)} tokens + eval.max_new_tokens="
+              f"{dc.max_new_tokens} exceeds the target context of {target.max_context}; lower eval.max_new_tokens")
+        g = torch.Generator(device=target.device)
+        g.manual_seed(turn_seed(seed, sample.id, turn))
+        spec = generate(target, drafter, ids, dc, g)
+        ar = None
+        if drafter is not None and ev.run_ar:
+            g.manual_seed(turn_seed(seed, sample.id, turn))
+            ar = generate(target, None, ids, dc, g)
+        compare = ev.check_lossless is True or (ev.check_lossless == "auto" and dc.protocol == "greedy")
+        lossless = (spec.tokens == ar.tokens) if (ar is not None and compare) else None
+        text = target.decode(spec.tokens)
+        recs.append(_record(sample, turn, len(ids), spec, ar, text, lossless, ev.save_text))
+        messages.append({"role": "assistant", "content": text})
+    return recs
+
+
+def warmup(target, drafter, dc: DecodeConfig, n: int) -> None:
+    """A few short generations first, so lazy initialisation and (on GPU) kernel selection are not timed."""
+    ids = target.encode_chat([{"role": "user", "content": "Count from one to ten."}])
+    short = DecodeConfig(dc.protocol, dc.temperature, min(dc.max_new_tokens, 24), dc.stop_token_ids)
+    g = torch.Generator(device=target.device).manual_seed(0)
+    for _ in range(n):
+        generate(target, drafter, ids, short, g)
+        if drafter is not None:
+            generate(target, None, ids, short, g)
+
+
+def summarize(records: list[dict], names: list[str], target, drafter, dc: DecodeConfig) -> dict:
+    k = drafter.max_drafts if drafter is not None else 0
+    by_bench = {n: [r for r in records if r["benchmark"] == n] for n in names}
+    benches = {n: metrics.summarize_benchmark(rs, k) for n, rs in by_bench.items() if rs}
+    return {
+        "target": target.name, "drafter": drafter.name if drafter is not None else "none",
+        "decoding": {"temperature": dc.temperature, "protocol": dc.protocol},
+        "max_new_tokens": dc.max_new_tokens, "num_draft_tokens": k,
+        "benchmarks": benches, "macro": metrics.macro(benches),
+    }
+
+
+def run_eval(cfg, out_dir: Path) -> dict:
+    """`task=eval`: evaluate `cfg.drafter` against AR on `cfg.benchmark`; returns the summary."""
+    out_dir = Path(out_dir)
+    device = resolve_device(cfg.device)
+    ev = cfg.eval
+    samples = benchmarks.load(list(cfg.benchmark.names), ev.num_samples, ev.shuffle_seed, cfg.benchmark.source,
+                              cfg.benchmark.get("data_dir"))
+    check(ev.check_lossless in (True, False, "auto"),
+          f"eval.check_lossless={ev.check_lossless!r} is not valid; choose one of: auto, true, false")
+    check(not (ev.check_lossless is True and cfg.decoding.protocol != "greedy"),
+          f"eval.check_lossless=true compares outputs token for token and needs greedy decoding (got protocol "
+          f"{cfg.decoding.protocol}); at T>0 losslessness is a distribution-level property (tests/decoding)")
+    fingerprint = {
+        "target": {k: v for k, v in OmegaConf.to_container(cfg.target, resolve=True).items() if k != "cache_dir"},
+        "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
+        "decoding": OmegaConf.to_container(cfg.decoding, resolve=True),
+        "max_new_tokens": ev.max_new_tokens, "seed": cfg.seed, "run_ar": ev.run_ar,
+    }
+    store = ResultStore(out_dir, fingerprint)
+    target = registry.build_target(cfg.target, device)
+    drafter = registry.build_drafter(cfg.drafter, target)
+    dc = decode_config(cfg.decoding, ev, target)
+
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    write_json(out_dir / "run_info.json", {**run_info(device), "target_source": target.source})
+    logger = make_logger(cfg.logger, out_dir, resolved, name=f"{cfg.drafter.name}-{target.name}")
+
+    done = store.done()
+    todo = [s for s in samples if (s.benchmark, s.id) not in done]
+    if todo and ev.warmup:
+        warmup(target, drafter, dc, ev.warmup)
+    bar = tqdm(todo, desc=f"eval {cfg.drafter.name} on {target.name}", unit="sample",
+               disable=not ev.progress, dynamic_ncols=True)
+    for sample in bar:
+        recs = run_sample(target, drafter, sample, dc, ev, cfg.seed)
+        store.append(recs)
+        taus = [r["tau"] for r in recs if r["tau"] is not None]
+        bar.set_postfix(bench=sample.benchmark, tau=f"{metrics.fmean(taus):.2f}" if taus else "–")
+        logger.log({f"sample/{sample.benchmark}/tau": metrics.fmean(taus) if taus else None,
+                    "sample/new_tokens": sum(r["new_tokens"] for r in recs)}, step=len(store.records))
+
+    wanted = {(s.benchmark, s.id) for s in samples}
+    summary = summarize([r for r in store.records if (r["benchmark"], r["id"]) in wanted],
+                        list(cfg.benchmark.names), target, drafter, dc)
+    md = summary_markdown(summary)
+    write_json(out_dir / "summary.json", summary)
+    (out_dir / "summary.md").write_text(md)
+    logger.summary(summary)
+    logger.finish()
+    print(md, flush=True)
+    return summary

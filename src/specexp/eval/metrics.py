@@ -1,0 +1,100 @@
+"""Every metric formula of specexp, in one place. Inputs are the per-turn records of `samples.jsonl`.
+
+Conventions (the same as the DFlash, DeLS-Spec and Domino papers):
+- tau (acceptance length) = tokens committed per target verification = accepted drafts + 1 bonus token,
+  so tau is in [1, K+1]. A turn's tau is the mean over its verifications; a benchmark's tau is the
+  macro average over turns (turns with no verification, e.g. a first token that is a stop token, are
+  skipped). Acceptance is truncated at a stop token and at the token budget.
+- Per-position acceptance, unconditional: P(draft k accepted) = #steps with >= k accepted drafts /
+  #steps that verified >= k drafts. Conditional: P(k accepted | k-1 accepted).
+- tau histogram: counts of verifications committing 1, 2, ..., K+1 tokens (index i <-> i+1 tokens).
+- TPOT = decode time / tokens produced by the decode loop (the first token comes from prefill; the
+  drafter's prefill over the prompt is excluded, as in the reference benchmark).
+- Speedup = mean TPOT(AR) / mean TPOT(spec) over the same turns (a ratio of means), AR run through the
+  same engine on the same prompts in the same process.
+- Macro over benchmarks: unweighted mean of the per-benchmark values.
+"""
+from __future__ import annotations
+
+from statistics import fmean
+
+
+def tpot(decode_s: float, decode_tokens: int) -> float | None:
+    return decode_s / decode_tokens if decode_tokens > 0 else None
+
+
+def turn_tau(accept_lengths: list[int]) -> float | None:
+    return fmean(accept_lengths) if accept_lengths else None
+
+
+def tau(records: list[dict]) -> float | None:
+    taus = [t for t in (turn_tau(r["accept_lengths"]) for r in records) if t is not None]
+    return fmean(taus) if taus else None
+
+
+def _steps(records):
+    for r in records:
+        yield from zip(r["accept_lengths"], r["drafted"])
+
+
+def accept_rate_per_position(records: list[dict], k_max: int) -> list[float | None]:
+    hit, tried = [0] * k_max, [0] * k_max
+    for committed, drafted in _steps(records):
+        for k in range(min(drafted, k_max)):
+            tried[k] += 1
+            hit[k] += committed - 1 > k
+    return [h / t if t else None for h, t in zip(hit, tried)]
+
+
+def conditional_accept_rate(records: list[dict], k_max: int) -> list[float | None]:
+    hit, reached = [0] * k_max, [0] * k_max
+    for committed, drafted in _steps(records):
+        for k in range(min(drafted, committed, k_max)):   # draft k+1 was reached: drafts 1..k accepted
+            reached[k] += 1
+            hit[k] += committed - 1 > k
+    return [h / t if t else None for h, t in zip(hit, reached)]
+
+
+def tau_histogram(records: list[dict], k_max: int) -> list[int]:
+    hist = [0] * (k_max + 1)
+    for committed, _ in _steps(records):
+        hist[min(committed, k_max + 1) - 1] += 1
+    return hist
+
+
+def speedup(records: list[dict]) -> float | None:
+    pairs = [(r["ar_tpot"], r["tpot"]) for r in records if r.get("ar_tpot") and r.get("tpot")]
+    if not pairs:
+        return None
+    return fmean(a for a, _ in pairs) / fmean(s for _, s in pairs)
+
+
+def _mean_ms(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return 1000 * fmean(values) if values else None
+
+
+def summarize_benchmark(records: list[dict], k_max: int) -> dict:
+    lossless = [r["lossless"] for r in records if r.get("lossless") is not None]
+    return {
+        "num_samples": len({r["id"] for r in records}),
+        "num_turns": len(records),
+        "tau": tau(records),
+        "speedup": speedup(records),
+        "tpot_ms": _mean_ms(r["tpot"] for r in records),
+        "tpot_ar_ms": _mean_ms(r.get("ar_tpot") for r in records),
+        "ttft_ms": _mean_ms(r["ttft"] for r in records),
+        "new_tokens": sum(r["new_tokens"] for r in records),
+        "accept_rate_per_position": accept_rate_per_position(records, k_max),
+        "accept_rate_conditional": conditional_accept_rate(records, k_max),
+        "tau_histogram": tau_histogram(records, k_max),
+        "lossless_mismatches": sum(not x for x in lossless) if lossless else None,
+    }
+
+
+def macro(benchmarks: dict[str, dict]) -> dict:
+    def mean_of(key):
+        values = [b[key] for b in benchmarks.values() if b[key] is not None]
+        return fmean(values) if values else None
+
+    return {"tau": mean_of("tau"), "speedup": mean_of("speedup")}

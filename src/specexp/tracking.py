@@ -1,0 +1,126 @@
+"""Experiment tracking (W&B / CSV / none) and run metadata (git SHA, package versions, device).
+
+W&B runs offline unless a key is configured (`WANDB_API_KEY`) or `WANDB_MODE` / `logger.mode` says
+otherwise; offline runs land in `DIR/wandb/` and sync later with `wandb sync`. Nothing secret is logged:
+the config holds no credentials and the environment is never recorded.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from .errors import one_of
+
+PACKAGES = ("specexp", "torch", "transformers", "tokenizers", "hydra-core", "omegaconf", "lightning", "triton",
+            "wandb", "datasets", "safetensors")
+
+
+def git_sha() -> dict:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                    capture_output=True, text=True, timeout=5).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        return {"sha": None, "dirty": None}
+    return {"sha": sha or None, "dirty": dirty if sha else None}
+
+
+def run_info(device: torch.device) -> dict:
+    versions = {}
+    for p in PACKAGES:
+        try:
+            versions[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            versions[p] = None
+    dev = {"type": device.type, "name": torch.cuda.get_device_name(device) if device.type == "cuda"
+           else platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads()}
+    return {"git": git_sha(), "python": sys.version.split()[0], "platform": platform.platform(),
+            "versions": versions, "device": dev}
+
+
+class NoLogger:
+    def log(self, metrics: dict, step: int | None = None) -> None:
+        pass
+
+    def summary(self, summary: dict) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+class CSVLogger(NoLogger):
+    """`DIR/metrics.csv` (step, key, value rows, appended) and `DIR/summary.csv` (one row per benchmark)."""
+
+    def __init__(self, out_dir: Path):
+        self.dir = Path(out_dir)
+
+    def log(self, metrics, step=None):
+        path = self.dir / "metrics.csv"
+        new = not path.exists()
+        with path.open("a", newline="") as f:
+            w = csv.writer(f)
+            if new:
+                w.writerow(["step", "key", "value"])
+            w.writerows([step, k, v] for k, v in metrics.items())
+
+    def summary(self, summary):
+        keys = ["num_samples", "num_turns", "tau", "speedup", "tpot_ms", "tpot_ar_ms", "ttft_ms", "lossless_mismatches"]
+        with (self.dir / "summary.csv").open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["benchmark", *keys])
+            for name, b in summary["benchmarks"].items():
+                w.writerow([name, *(b[k] for k in keys)])
+
+
+class WandbLogger(NoLogger):
+    def __init__(self, cfg, out_dir: Path, config: dict, name: str):
+        import wandb
+
+        mode = cfg.get("mode") or os.environ.get("WANDB_MODE") or (
+            "online" if os.environ.get("WANDB_API_KEY") else "offline")
+        one_of("logger.mode", mode, ("online", "offline", "disabled"))
+        self.wandb = wandb
+        self.run = wandb.init(project=cfg.project, entity=cfg.get("entity"), name=name, dir=str(out_dir),
+                              mode=mode, config=config, tags=list(cfg.get("tags") or []), reinit="finish_previous")
+
+    def log(self, metrics, step=None):
+        self.run.log(metrics, step=step)
+
+    def summary(self, summary):
+        cols = ["benchmark", "tau", "speedup", "tpot_ms", "tpot_ar_ms", "lossless_mismatches"]
+        table = self.wandb.Table(columns=cols)
+        for name, b in summary["benchmarks"].items():
+            table.add_data(name, *(b[c] for c in cols[1:]))
+            self.run.summary.update({f"eval/{name}/{k}": b[k] for k in ("tau", "speedup", "tpot_ms")})
+        self.run.summary.update({f"eval/macro/{k}": v for k, v in summary["macro"].items()})
+        self.run.log({"eval/summary": table})
+
+    def finish(self):
+        self.run.finish()
+
+
+def make_logger(cfg, out_dir: Path, config: dict, name: str):
+    one_of("logger.name", cfg.name, ("none", "csv", "wandb"))
+    if cfg.name == "csv":
+        return CSVLogger(out_dir)
+    if cfg.name == "wandb":
+        return WandbLogger(cfg, out_dir, config, name)
+    return NoLogger()
+
+
+def write_json(path: Path, obj) -> None:
+    """Write JSON atomically: a crash mid-write never leaves a truncated file where a good one was."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
