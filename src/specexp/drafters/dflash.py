@@ -242,10 +242,9 @@ class DFlashDraftModel(nn.Module):
         expected = model.state_dict()
         missing = sorted(set(expected) - set(state))
         unexpected = sorted(set(state) - set(expected))
-        check(not missing, f"drafter.checkpoint={str(path)!r}: missing key {missing[0]}"
-                           + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-        check(not unexpected, f"drafter.checkpoint={str(path)!r}: unexpected key {unexpected[0]}"
-                              + (f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""))
+        for kind, keys in (("missing", missing), ("unexpected", unexpected)):
+            more = f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
+            check(not keys, f"drafter.checkpoint={str(path)!r}: {kind} key {keys[0] if keys else ''}{more}")
         for k, t in state.items():
             check(t.shape == expected[k].shape, f"drafter.checkpoint={str(path)!r}: {k} has shape "
                                                 f"{list(t.shape)}, config.json implies {list(expected[k].shape)}")

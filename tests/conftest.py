@@ -1,0 +1,47 @@
+"""Shared fixtures. Everything runs offline on CPU; the config is the real one, composed at tiny scale."""
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Before anything imports transformers, wandb or a Triton kernel module.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("SPECEXP_CACHE", str(ROOT / ".cache" / "specexp"))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+torch.set_num_threads(2)
+CONF = ROOT / "conf"
+TINY = ["target=tiny_qwen3", "drafter=dflash", "drafter.init=random", "logger=none", "eval.warmup=0",
+        "eval.progress=false", "device=cpu"]
+
+
+def make_cfg(overrides=()):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+@pytest.fixture(scope="session")
+def tiny_target():
+    from specexp import registry
+
+    cfg = make_cfg(TINY)
+    return registry.build_target(cfg.target, torch.device("cpu"))
+
+
+@pytest.fixture(scope="session")
+def tiny_dflash(tiny_target):
+    from specexp import registry
+
+    cfg = make_cfg(TINY)
+    return registry.build_drafter(cfg.drafter, tiny_target)
+
+
+@pytest.fixture
+def cfg_factory():
+    return lambda *o: make_cfg([*TINY, *o])

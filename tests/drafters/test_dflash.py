@@ -1,0 +1,201 @@
+"""DFlash: the z-lab checkpoint format (strict load, exact round trip), the forward pass against an
+independent computation from HF Qwen3 parts, and greedy losslessness through the engine."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from specexp.decoding.engine import DecodeConfig, generate
+from specexp.drafters.dflash import (DFlashDrafter, DFlashDraftModel, build_target_layer_ids, check_fits,
+                                     init_weights)
+from specexp.errors import UserError
+
+H, I, NH, NKV, D, LAYERS, IDS = 64, 128, 4, 2, 16, 2, [0, 2]
+
+
+def zlab_config(**over):
+    """A config.json with the z-lab field set (tiny dimensions that fit the tiny_qwen3 target)."""
+    c = {
+        "architectures": ["DFlashDraftModel"], "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+        "attention_bias": False, "attention_dropout": 0.0, "block_size": 8,
+        "dflash_config": {"mask_token_id": 151669, "target_layer_ids": IDS},
+        "dtype": "bfloat16", "head_dim": D, "hidden_act": "silu", "hidden_size": H, "initializer_range": 0.02,
+        "intermediate_size": I, "layer_types": ["full_attention"] * LAYERS, "max_position_embeddings": 40960,
+        "max_window_layers": LAYERS, "model_type": "qwen3", "num_attention_heads": NH, "num_hidden_layers": LAYERS,
+        "num_key_value_heads": NKV, "num_target_layers": 4, "rms_norm_eps": 1e-06, "rope_scaling": None,
+        "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": False, "transformers_version": "4.57.3",
+        "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+    }
+    c.update(over)
+    return c
+
+
+def zlab_tensors(seed=0):
+    """The exact key names and shapes of a z-lab drafter, written by hand (bf16, as released)."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"fc.weight": [H, len(IDS) * H], "hidden_norm.weight": [H], "norm.weight": [H]}
+    for i in range(LAYERS):
+        p = f"layers.{i}."
+        shapes.update({
+            p + "self_attn.q_proj.weight": [NH * D, H], p + "self_attn.k_proj.weight": [NKV * D, H],
+            p + "self_attn.v_proj.weight": [NKV * D, H], p + "self_attn.o_proj.weight": [H, NH * D],
+            p + "self_attn.q_norm.weight": [D], p + "self_attn.k_norm.weight": [D],
+            p + "mlp.gate_proj.weight": [I, H], p + "mlp.up_proj.weight": [I, H], p + "mlp.down_proj.weight": [H, I],
+            p + "input_layernorm.weight": [H], p + "post_attention_layernorm.weight": [H],
+        })
+    out = {}
+    for k, s in shapes.items():
+        t = 1 + 0.1 * torch.randn(s, generator=g) if len(s) == 1 else 0.1 * torch.randn(s, generator=g)
+        out[k] = t.to(torch.bfloat16)
+    return out
+
+
+@pytest.fixture
+def zlab_dir(tmp_path):
+    d = tmp_path / "zlab"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(zlab_config(), indent=2))
+    save_file(zlab_tensors(), d / "model.safetensors", metadata={"format": "pt"})
+    return d
+
+
+def test_reference_layer_rule():
+    assert build_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
+    assert build_target_layer_ids(30, 5) == [1, 8, 14, 20, 27]
+    assert build_target_layer_ids(36, 1) == [18]
+
+
+def test_zlab_checkpoint_loads_strictly_and_round_trips(zlab_dir, tmp_path):
+    model = DFlashDraftModel.from_pretrained(zlab_dir)
+    assert model.fc.weight.dtype == torch.bfloat16
+    assert model.config.mask_token_id == 151669 and model.config.target_layer_ids == IDS
+    assert model.config.block_size == 8 and model.config.rope_theta == 1000000
+    out = tmp_path / "saved"
+    model.save_pretrained(out)
+    assert json.loads((out / "config.json").read_text()) == json.loads((zlab_dir / "config.json").read_text())
+    a, b = load_file(zlab_dir / "model.safetensors"), load_file(out / "model.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+def test_zlab_checkpoint_drafts_losslessly(zlab_dir, tiny_target):
+    model = DFlashDraftModel.from_pretrained(zlab_dir, dtype=torch.float32)
+    check_fits(model.config, tiny_target, "ckpt")
+    drafter = DFlashDrafter(model, tiny_target)
+    assert drafter.tap_layers == (0, 2) and drafter.max_drafts == 7
+    ids = tiny_target.encode_chat([{"role": "user", "content": "Name three prime numbers."}])
+    dc = DecodeConfig(max_new_tokens=30)
+    assert generate(tiny_target, drafter, ids, dc).tokens == generate(tiny_target, None, ids, dc).tokens
+
+
+@pytest.mark.parametrize("corruption, message", [
+    ("drop", "missing key layers.1.mlp.up_proj.weight"),
+    ("extra", "unexpected key embed_tokens.weight"),
+    ("shape", "fc.weight has shape"),
+    ("garbage", "cannot read model.safetensors"),
+    ("no_mask", "no dflash_config.mask_token_id"),
+    ("bad_json", "not valid JSON"),
+])
+def test_bad_checkpoints_are_named(zlab_dir, corruption, message):
+    t = zlab_tensors()
+    if corruption == "drop":
+        del t["layers.1.mlp.up_proj.weight"]
+    elif corruption == "extra":
+        t["embed_tokens.weight"] = torch.zeros(4, H)
+    elif corruption == "shape":
+        t["fc.weight"] = torch.zeros(H, 3 * H)
+    save_file(t, zlab_dir / "model.safetensors")
+    if corruption == "garbage":
+        (zlab_dir / "model.safetensors").write_bytes(b"not a safetensors file")
+    if corruption == "no_mask":
+        (zlab_dir / "config.json").write_text(json.dumps(zlab_config(dflash_config={"target_layer_ids": IDS})))
+    if corruption == "bad_json":
+        (zlab_dir / "config.json").write_text("{")
+    with pytest.raises(UserError, match=message):
+        DFlashDraftModel.from_pretrained(zlab_dir)
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"hidden_size": 32}, "hidden_size 32 does not fit"),
+    ({"vocab_size": 1000}, "vocab_size 1000 does not fit"),
+    ({"num_target_layers": 36}, "num_target_layers 36 does not fit"),
+    ({"dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9]}}, "out of range"),
+])
+def test_checkpoint_must_fit_the_target(tiny_target, over, message):
+    from specexp.drafters.dflash import DFlashConfig
+
+    with pytest.raises(UserError, match=message):
+        check_fits(DFlashConfig.from_dict(zlab_config(**over)), tiny_target, "ckpt")
+
+
+def test_forward_matches_independent_hf_computation(zlab_dir):
+    """One layer recomputed from transformers' own Qwen3 pieces (RMSNorm, RoPE, repeat_kv)."""
+    from transformers.models.qwen3 import modeling_qwen3 as q3
+
+    model = DFlashDraftModel.from_pretrained(zlab_dir, dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    C, Q = 5, 8
+    taps, x = torch.randn(1, C, 2 * H, generator=g), torch.randn(1, Q, H, generator=g)
+    ctx_pos, blk_pos = torch.arange(C)[None], torch.arange(C, C + Q)[None]
+    ours = model(x, blk_pos, model.context_kv(taps, ctx_pos))
+
+    def norm(w, t):
+        n = q3.Qwen3RMSNorm(w.shape[0], eps=1e-6)
+        n.weight.data = w.float()
+        return n(t)
+
+    cfg = q3.Qwen3Config(hidden_size=H, num_attention_heads=NH, num_key_value_heads=NKV, head_dim=D,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    rope = q3.Qwen3RotaryEmbedding(cfg)
+    sd = {k: v.float() for k, v in model.state_dict().items()}
+    ctx = norm(sd["hidden_norm.weight"], taps @ sd["fc.weight"].T)
+    pos = torch.cat([ctx_pos, blk_pos], 1)
+    cos, sin = rope(x, pos)
+    h = x
+    for i in range(LAYERS):
+        p = f"layers.{i}."
+        a = norm(sd[p + "input_layernorm.weight"], h)
+        q = norm(sd[p + "self_attn.q_norm.weight"], (a @ sd[p + "self_attn.q_proj.weight"].T).view(1, Q, NH, D))
+        kin = torch.cat([ctx, a], 1)
+        k = norm(sd[p + "self_attn.k_norm.weight"], (kin @ sd[p + "self_attn.k_proj.weight"].T).view(1, C + Q, NKV, D))
+        v = (kin @ sd[p + "self_attn.v_proj.weight"].T).view(1, C + Q, NKV, D)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, _ = q3.apply_rotary_pos_emb(q, q, cos[:, C:], sin[:, C:])
+        k, _ = q3.apply_rotary_pos_emb(k, k, cos, sin)
+        k, v = q3.repeat_kv(k, NH // NKV), q3.repeat_kv(v, NH // NKV)
+        att = torch.softmax(q @ k.transpose(-1, -2) / D ** 0.5, -1) @ v              # no mask: bidirectional
+        h = h + att.transpose(1, 2).reshape(1, Q, NH * D) @ sd[p + "self_attn.o_proj.weight"].T
+        m = norm(sd[p + "post_attention_layernorm.weight"], h)
+        h = h + (torch.nn.functional.silu(m @ sd[p + "mlp.gate_proj.weight"].T) * (m @ sd[p + "mlp.up_proj.weight"].T)
+                 ) @ sd[p + "mlp.down_proj.weight"].T
+    torch.testing.assert_close(ours, norm(sd["norm.weight"], h), rtol=1e-4, atol=1e-4)
+
+
+def test_block_is_bidirectional_and_context_incremental(tiny_target, tiny_dflash):
+    m = tiny_dflash.model
+    g = torch.Generator().manual_seed(0)
+    taps = torch.randn(1, 12, m.fc.in_features, generator=g)
+    x = torch.randn(1, 16, m.config.hidden_size, generator=g)
+    pos = torch.arange(12, 28)[None]
+    full = m(x, pos, m.context_kv(taps, torch.arange(12)[None]))
+    # Context appended in pieces (prefill, then commits) gives the same K/V as one pass.
+    tiny_dflash.reset()
+    tiny_dflash.prefill(taps[:, :5])
+    tiny_dflash.commit(3, taps[:, 5:9])
+    tiny_dflash.commit(2, taps[:, 9:12])
+    torch.testing.assert_close(m(x, pos, tiny_dflash.ctx), full)
+    # Perturbing the last block position changes the first one's output: attention is not causal.
+    x2 = x.clone()
+    x2[0, -1] += 1.0
+    assert (m(x2, pos, m.context_kv(taps, torch.arange(12)[None]))[0, 0] - full[0, 0]).abs().max() > 1e-4
+
+
+def test_random_init_is_seeded(tiny_target):
+    from specexp.drafters.dflash import DFlashConfig
+
+    c = DFlashConfig.for_target(tiny_target, 1, 16)
+    a, b = init_weights(DFlashDraftModel(c), 3), init_weights(DFlashDraftModel(c), 3)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert c.target_layer_ids == [2] and c.mask_token_id == 151669 and c.hidden_size == 64

@@ -1,0 +1,92 @@
+"""Test-only drafters and a toy target (the engine talks to them through the same protocols)."""
+import torch
+
+from specexp.drafters.base import Proposal, choose
+
+
+class OracleDrafter:
+    """Proposes the target's own greedy continuation `ref` (tokens after the prompt), corrupting each
+    draft with probability `corrupt`, so that every acceptance length occurs."""
+
+    name = "oracle"
+    tap_layers = ()
+
+    def __init__(self, ref: list[int], prompt_len: int, max_drafts: int, corrupt: float, vocab: int, seed=0):
+        self.ref, self.p, self.max_drafts, self.corrupt, self.vocab = ref, prompt_len, max_drafts, corrupt, vocab
+        self.g = torch.Generator().manual_seed(seed)
+        self.proposed = []
+
+    def reset(self):
+        pass
+
+    def prefill(self, taps):
+        pass
+
+    def commit(self, n, taps):
+        pass
+
+    def propose(self, anchor, start, k, sampling):
+        i = start - self.p                      # ref[i] is the anchor
+        assert self.ref[i] == anchor
+        toks = list(self.ref[i + 1: i + 1 + k])
+        toks += [0] * (k - len(toks))
+        for j in range(k):
+            if torch.rand((), generator=self.g) < self.corrupt:
+                toks[j] = (toks[j] + 1) % self.vocab
+        self.proposed.append(k)
+        return Proposal(torch.tensor(toks, dtype=torch.long))
+
+
+class ToyTarget:
+    """A bigram 'language model' over a small vocabulary: logits of the next token = table[last token].
+    Its exact sequence distribution is known in closed form, for distribution tests."""
+
+    name = "toy"
+    device = torch.device("cpu")
+    stop_token_ids = []
+
+    def __init__(self, table: torch.Tensor):
+        self.table = table                      # [V, V]
+
+    def new_cache(self):
+        return []
+
+    @staticmethod
+    def rollback(cache, k):
+        if k > 0:
+            del cache[-k:]
+
+    def forward(self, ids, start, cache, taps=(), last_only=False):
+        assert start == len(cache)
+        cache += ids[0].tolist()
+        logits = self.table[ids[0]][None]       # [1, T, V]
+        return (logits[:, -1:] if last_only else logits), None
+
+
+class ToyDrafter:
+    """Drafts sequentially from its own bigram table (different from the target's)."""
+
+    name = "toy"
+    tap_layers = ()
+
+    def __init__(self, table: torch.Tensor, max_drafts: int):
+        self.table, self.max_drafts = table, max_drafts
+
+    def reset(self):
+        pass
+
+    def prefill(self, taps):
+        pass
+
+    def commit(self, n, taps):
+        pass
+
+    def propose(self, anchor, start, k, sampling):
+        toks, qs, t = [], [], anchor
+        for _ in range(k):
+            p = choose(self.table[t][None], sampling)
+            t = int(p.tokens[0])
+            toks.append(t)
+            if p.q is not None:
+                qs.append(p.q[0])
+        return Proposal(torch.tensor(toks, dtype=torch.long), torch.stack(qs) if qs else None)
