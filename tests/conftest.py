@@ -17,8 +17,8 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 torch.set_num_threads(2)
 CONF = ROOT / "conf"
-TINY = ["target=tiny_qwen3", "drafter=dflash", "drafter.init=random", "logger=none", "eval.warmup=0",
-        "eval.progress=false", "device=cpu"]
+BASE = ["target=tiny_qwen3", "logger=none", "eval.warmup=0", "eval.progress=false", "device=cpu"]
+TINY = [*BASE, "drafter=dflash", "drafter.init=random"]
 
 
 def make_cfg(overrides=()):
@@ -44,4 +44,5 @@ def tiny_dflash(tiny_target):
 
 @pytest.fixture
 def cfg_factory():
-    return lambda *o: make_cfg([*TINY, *o])
+    """Compose the real config at tiny scale; `drafter=none` among the overrides drops the DFlash defaults."""
+    return lambda *o: make_cfg([*(BASE if "drafter=none" in o else TINY), *o])

