@@ -70,7 +70,7 @@ def read_jsonl(path: Path) -> list[dict]:
     """Read a benchmark file; any malformed line is one clear error naming file and line."""
     check(path.exists(), f"benchmark file {path} does not exist")
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if not line.strip():
             continue
         try:

@@ -151,9 +151,27 @@ class Attention(nn.Module):
         q = rotate(q, cos, sin)
         k, v = self.kv(x, cos, sin)                                                        # [B, Hkv, Q, D]
         k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)                  # [B, Hkv, C+Q, D]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.hd ** -0.5,
-                                             enable_gqa=self.nh != self.nkv)               # [B, Hq, Q, D]
+        if mask is None or isinstance(mask, torch.Tensor):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.hd ** -0.5,
+                                                 enable_gqa=self.nh != self.nkv)           # [B, Hq, Q, D]
+        else:                                                                              # a flex BlockMask
+            out = _flex(q.device)(q, k, v, block_mask=mask, scale=self.hd ** -0.5, enable_gqa=self.nh != self.nkv)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+def _flex(device: torch.device):
+    """flex_attention, compiled on GPU (its fused kernel); eager elsewhere (a slow reference, for tests)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type != "cuda":
+        return flex_attention
+    global _FLEX_COMPILED
+    if _FLEX_COMPILED is None:
+        _FLEX_COMPILED = torch.compile(flex_attention, dynamic=True)
+    return _FLEX_COMPILED
+
+
+_FLEX_COMPILED = None
 
 
 class MLP(nn.Module):
