@@ -4,17 +4,10 @@ import torch
 from specexp.drafters.base import Proposal, choose
 
 
-class OracleDrafter:
-    """Proposes the target's own greedy continuation `ref` (tokens after the prompt), corrupting each
-    draft with probability `corrupt`, so that every acceptance length occurs."""
+class _Stateless:
+    """A drafter that reads no target taps and keeps no context."""
 
-    name = "oracle"
     tap_layers = ()
-
-    def __init__(self, ref: list[int], prompt_len: int, max_drafts: int, corrupt: float, vocab: int, seed=0):
-        self.ref, self.p, self.max_drafts, self.corrupt, self.vocab = ref, prompt_len, max_drafts, corrupt, vocab
-        self.g = torch.Generator().manual_seed(seed)
-        self.proposed = []
 
     def reset(self):
         pass
@@ -24,6 +17,18 @@ class OracleDrafter:
 
     def commit(self, n, taps):
         pass
+
+
+class OracleDrafter(_Stateless):
+    """Proposes the target's own greedy continuation `ref` (tokens after the prompt), corrupting each
+    draft with probability `corrupt`, so that every acceptance length occurs."""
+
+    name = "oracle"
+
+    def __init__(self, ref: list[int], prompt_len: int, max_drafts: int, corrupt: float, vocab: int, seed=0):
+        self.ref, self.p, self.max_drafts, self.corrupt, self.vocab = ref, prompt_len, max_drafts, corrupt, vocab
+        self.g = torch.Generator().manual_seed(seed)
+        self.proposed = []
 
     def propose(self, anchor, start, k, sampling):
         i = start - self.p                      # ref[i] is the anchor
@@ -63,23 +68,13 @@ class ToyTarget:
         return (logits[:, -1:] if last_only else logits), None
 
 
-class ToyDrafter:
+class ToyDrafter(_Stateless):
     """Drafts sequentially from its own bigram table (different from the target's)."""
 
     name = "toy"
-    tap_layers = ()
 
     def __init__(self, table: torch.Tensor, max_drafts: int):
         self.table, self.max_drafts = table, max_drafts
-
-    def reset(self):
-        pass
-
-    def prefill(self, taps):
-        pass
-
-    def commit(self, n, taps):
-        pass
 
     def propose(self, anchor, start, k, sampling):
         toks, qs, t = [], [], anchor

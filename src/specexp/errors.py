@@ -15,3 +15,8 @@ def one_of(name: str, value, valid) -> None:
     valid = list(valid)
     if value not in valid:
         raise UserError(f"{name}={value!r} is not valid; choose one of: {', '.join(map(str, valid))}")
+
+
+def differing_keys(recorded: dict, wanted: dict) -> list[str]:
+    """Keys whose values differ between what an earlier run recorded and what this run needs."""
+    return sorted(k for k in set(recorded) | set(wanted) if recorded.get(k) != wanted.get(k))

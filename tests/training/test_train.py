@@ -33,7 +33,6 @@ def test_smoke_training_lowers_the_loss_and_its_checkpoint_evaluates(cfg_factory
     cfg = cfg_factory("task=train", "train=smoke", "data=smoke", f"paths.cache={tmp_path / 'cache'}",
                       "train.eval_after=true", "benchmark=gsm8k", "eval.num_samples=1", "eval.max_new_tokens=12")
     card = tasks.run_train(cfg, tmp_path / "run")
-    rows = [json.loads(x) for x in []]
     import csv
 
     log = list(csv.DictReader(open(f"{card['run_dir']}/logs/version_0/metrics.csv")))
@@ -48,3 +47,61 @@ def test_smoke_training_lowers_the_loss_and_its_checkpoint_evaluates(cfg_factory
     # A second identical run reuses every stage.
     again = tasks.run_train(cfg, tmp_path / "run2")
     assert again["run_dir"] == card["run_dir"] and again["train_seconds"] == card["train_seconds"]
+
+
+def test_feature_cache_matches_online_taps_resumes_and_refuses_a_mismatch(tiny_target, tmp_path):
+    from specexp.errors import UserError
+
+    t = tiny_target
+    seqs = [D.Sequence(f"s{i}", torch.arange(10 + i, 40 + 3 * i), torch.ones(30 + 2 * i, dtype=torch.bool))
+            for i in range(3)]
+    meta = {"target": "tiny", "layer_ids": [0, 2], "dtype": "float32", "data_hash": "abc"}
+    cache = D.FeatureCache(tmp_path, meta)
+    cache.build(t, seqs, [0, 2], torch.float32, shard_tokens=40)
+    shards = sorted(tmp_path.glob("shard-*.safetensors"))
+    assert len(shards) == 2
+    ds = cache.dataset()
+    for i, s in enumerate(seqs):
+        _, taps = t.forward(s.ids[None], 0, t.new_cache(), taps=(0, 2))
+        item = ds[i]
+        assert torch.equal(item["ids"], s.ids) and torch.equal(item["loss_mask"], s.loss_mask)
+        torch.testing.assert_close(item["taps"], taps[0])
+    # Resume: a missing shard is rebuilt, an existing one is kept as it is.
+    kept = shards[0].stat().st_mtime_ns
+    shards[1].unlink()
+    (tmp_path / "index.json").unlink()
+    D.FeatureCache(tmp_path, meta).build(t, seqs, [0, 2], torch.float32, shard_tokens=40)
+    assert shards[1].exists() and shards[0].stat().st_mtime_ns == kept
+    with pytest.raises(UserError, match="was made with different layer_ids"):
+        D.FeatureCache(tmp_path, {**meta, "layer_ids": [1, 3]})
+
+
+def test_interrupted_training_resumes_from_its_last_checkpoint(cfg_factory, tmp_path, monkeypatch):
+    import lightning as L
+
+    cfg = cfg_factory("task=train", "train=smoke", "train.max_steps=12", "train.ckpt_every=4", "train.num_anchors=4",
+                      f"paths.cache={tmp_path / 'cache'}")
+
+    class Crash(Exception):
+        pass
+
+    class Stop(L.Callback):
+        def on_train_batch_end(self, trainer, *a):
+            if trainer.global_step == 6:
+                raise Crash
+
+    real = L.Trainer
+
+    def with_stop(*a, callbacks=(), **k):
+        return real(*a, callbacks=[*callbacks, Stop()], **k)
+
+    monkeypatch.setattr(L, "Trainer", with_stop)
+    with pytest.raises(Crash):
+        tasks.run_train(cfg, tmp_path / "run")
+    ckpts = list((tmp_path / "cache").glob("stages/train-*/checkpoints/last.ckpt"))
+    assert len(ckpts) == 1 and torch.load(ckpts[0], weights_only=True)["global_step"] == 4
+    monkeypatch.setattr(L, "Trainer", real)
+    card = tasks.run_train(cfg, tmp_path / "run")
+    assert card["steps"] == 12
+    log = (ckpts[0].parent.parent / "logs" / "version_0" / "metrics.csv").read_text()
+    assert log.count("\n") > 1

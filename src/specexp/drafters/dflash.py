@@ -27,6 +27,7 @@ from torch import nn
 from ..errors import UserError, check
 from .base import Proposal, Sampling, choose
 
+REPO_ROOT = Path(__file__).resolve().parents[3]
 CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = "config.json", "model.safetensors", "model.safetensors.index.json"
 
 
@@ -345,6 +346,9 @@ class DFlashDrafter:
 def resolve_checkpoint(path_or_id: str) -> Path:
     """A local directory, or a hub repo id downloaded (config + safetensors only, never code)."""
     p = Path(os.path.expanduser(path_or_id))
+    in_repo = REPO_ROOT / path_or_id                 # committed mini checkpoints, from any working directory
+    if not p.exists() and not p.is_absolute() and in_repo.exists():
+        return in_repo
     if p.exists() or path_or_id.startswith((".", "/", "~")) or path_or_id.count("/") != 1:
         return p
     from huggingface_hub import snapshot_download

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from .. import benchmarks, registry
 from ..decoding.engine import DecodeConfig, Generation, generate
 from ..decoding.verify import PROTOCOLS
-from ..errors import UserError, check
+from ..errors import UserError, check, differing_keys
 from ..report.tables import summary_markdown
 from ..targets import resolve_device
 from ..tracking import make_logger, run_info, write_json
@@ -59,7 +59,7 @@ class ResultStore:
         run_file = self.dir / "run.json"
         if run_file.exists():
             old = json.loads(run_file.read_text())
-            diff = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
+            diff = differing_keys(old, fingerprint)
             check(not diff, f"{self.dir} holds results of a different run ({', '.join(diff)} differ); "
                             f"choose another hydra.run.dir or rerun with the same settings to resume")
         self.records: list[dict] = []

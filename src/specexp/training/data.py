@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..errors import UserError, check
+from ..errors import UserError, check, differing_keys
 
 CORPUS_DIR = Path(__file__).resolve().parents[3] / "data" / "corpus"
 CORPORA = {"gsm8k_train": "gsm8k_train.jsonl", "mbpp_nontest": "mbpp_nontest.jsonl",
@@ -160,7 +160,7 @@ class FeatureCache:
         found = self.root / "meta.json"
         if found.exists():
             old = json.loads(found.read_text())
-            diff = sorted(k for k in set(old) | set(meta) if old.get(k) != meta.get(k))
+            diff = differing_keys(old, meta)
             check(not diff, f"feature cache {self.root} was made with different {', '.join(diff)}: "
                             f"{ {k: old.get(k) for k in diff} }; this run needs { {k: meta.get(k) for k in diff} }")
 

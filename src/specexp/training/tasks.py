@@ -123,7 +123,7 @@ def fit(cfg, target, dataset, config: DFlashConfig, init_path: Path | None, run_
                              seed=tc.seed)
     loader = torch.utils.data.DataLoader(dataset, batch_size=1, shuffle=True, collate_fn=lambda xs: xs[0],
                                          generator=torch.Generator().manual_seed(tc.seed))
-    loggers = [CSVLogger(str(run_dir), name="logs", version=0)]
+    loggers = [CSVLogger(str(run_dir), name="logs")]   # a resumed run logs to the next version_N, keeping the old
     if cfg.logger.name == "wandb":
         from lightning.pytorch.loggers import WandbLogger
 
