@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specexp.decoding.engine import DecodeConfig, generate
-from specexp.drafters.dflash import DFlashDrafter, DFlashDraftModel
+from specexp.drafters.dflash import DFlashDrafter, DFlashDraftModel, init_weights
 from specexp.training import data as D
 from specexp.training import tasks
 
@@ -31,19 +31,38 @@ def test_memorising_one_sequence_drafts_it(cfg_factory, tiny_target, tmp_path):
 def test_smoke_training_lowers_the_loss_and_its_checkpoint_evaluates(cfg_factory, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path / "cache"))
     cfg = cfg_factory("task=train", "train=smoke", "data=smoke", f"paths.cache={tmp_path / 'cache'}",
-                      "train.eval_after=true", "benchmark=gsm8k", "eval.num_samples=1", "eval.max_new_tokens=12")
+                      "train.eval_after=true", "benchmark=gsm8k", "eval.num_samples=1", "eval.max_new_tokens=12",
+                      f"train.export_dir={tmp_path / 'export'}")
     card = tasks.run_train(cfg, tmp_path / "run")
-    import csv
+    assert card["steps"] == 40
+    # The loss on fixed blocks of the training sequences, before (the same seeded init) and after training.
+    from specexp import registry
+    from specexp.training.dflash_module import DFlashLitModule
 
-    log = list(csv.DictReader(open(f"{card['run_dir']}/logs/version_0/metrics.csv")))
-    losses = [float(r["train/loss"]) for r in log if r.get("train/loss")]
-    assert card["steps"] == 40 and len(losses) >= 6
-    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.5
+    target = registry.build_target(cfg.target, torch.device("cpu"))
+    seqs, _ = tasks.prepare_sequences(cfg, target)
+    config, _ = tasks.drafter_config(cfg, target)
+
+    def loss_of(model):
+        m = DFlashLitModule(model.float(), target, num_anchors=8, gamma=7.0, lr=0, warmup_ratio=0, weight_decay=0,
+                            attention="dense", seed=0)
+        with torch.no_grad():
+            return sum(float(m.blocks_loss(s.ids, s.loss_mask, target.forward(
+                s.ids[None], 0, target.new_cache(), taps=config.target_layer_ids)[1][0], step=i)[0])
+                for i, s in enumerate(seqs)) / len(seqs)
+
+    before = loss_of(init_weights(DFlashDraftModel(config), cfg.train.seed))
+    after = loss_of(DFlashDraftModel.from_pretrained(f"{card['run_dir']}/drafter"))
+    assert after < before - 1.0, (before, after)
     assert card["eval"]["benchmarks"]["gsm8k"]["tau"] >= 1.0
     assert json.loads((tmp_path / "run" / "eval" / "summary.json").read_text())["benchmarks"]["gsm8k"][
         "lossless_mismatches"] == 0
-    reloaded = DFlashDraftModel.from_pretrained(f"{card['run_dir']}/drafter")
-    assert reloaded.config.block_size == 16 and card["data_hash"] and card["train_seconds"] > 0
+    reloaded = DFlashDraftModel.from_pretrained(tmp_path / "export")
+    assert reloaded.config.block_size == 16 and reloaded.fc.weight.dtype == torch.bfloat16
+    assert card["data_hash"] and card["train_seconds"] > 0
+    exported = json.loads((tmp_path / "export" / "card.json").read_text())
+    assert exported["eval"]["benchmarks"]["gsm8k"]["tau"] == card["eval"]["benchmarks"]["gsm8k"]["tau"]
+    assert "python -m specexp" in (tmp_path / "export" / "README.md").read_text()
     # A second identical run reuses every stage.
     again = tasks.run_train(cfg, tmp_path / "run2")
     assert again["run_dir"] == card["run_dir"] and again["train_seconds"] == card["train_seconds"]

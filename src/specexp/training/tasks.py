@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import resource
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -143,12 +142,36 @@ def fit(cfg, target, dataset, config: DFlashConfig, init_path: Path | None, run_
     trainer.fit(module, loader, ckpt_path=str(last) if last.exists() else None, weights_only=True)
     seconds = time.perf_counter() - t0
     out = run_dir / "drafter"
-    model.to(target.dtype).save_pretrained(out)
+    model.save_pretrained(out, dtype=getattr(torch, tc.export_dtype))   # bf16, as the released drafters
     metrics = {k: float(v) for k, v in trainer.logged_metrics.items()}
     card = {"steps": trainer.global_step, "train_seconds": seconds, "peak_memory_mb": _peak_memory_mb(dev),
             "final_metrics": metrics, "precision": precision, "gamma": gamma}
     write_json(run_dir / "train.json", card)
     return card
+
+
+def card_markdown(card: dict) -> str:
+    """The human-readable model card next to an exported drafter (card.json holds everything)."""
+    fm = card.get("final_metrics", {})
+    acc = [fm.get(f"train/acc_k{k}") for k in range(1, card["drafter"]["block_size"])]
+    lines = [f"# DFlash drafter for {card['target']} ({card['target_source']})", "",
+             f"Produced by: `{card['command']}` (specexp; stage `{Path(card['run_dir']).name}`).", "",
+             f"- data: {card['sequences']} sequences, {card['response_tokens']} response tokens, hash `{card['data_hash']}`",
+             f"- drafter: {card['drafter']['num_hidden_layers']} layer(s), block {card['drafter']['block_size']}, "
+             f"taps {card['drafter']['dflash_config']['target_layer_ids']}, "
+             f"mask id {card['drafter']['dflash_config']['mask_token_id']}",
+             f"- training: {card['steps']} steps in {card['train_seconds']:.0f} s, peak memory "
+             f"{card['peak_memory_mb']:.0f} MiB, precision {card['precision']}, gamma {card['gamma']}",
+             "- final per-position accuracy k=1..: " + ", ".join("–" if a is None else f"{a:.2f}" for a in acc),
+             f"- final simulated acceptance length (train batch): {fm.get('train/tau_sim', float('nan')):.2f}"]
+    if "eval" in card:
+        e = card["eval"]
+        lines += ["", f"Measured (greedy, {e['max_new_tokens']} new tokens; τ includes the bonus token):", "",
+                  "| benchmark | τ | speedup |", "|---|---:|---:|"]
+        for name, b in e["benchmarks"].items():
+            sp = "–" if b["speedup"] is None else f"{b['speedup']:.2f}×"
+            lines.append(f"| {name} | {b['tau']:.2f} | {sp} |")
+    return "\n".join(lines) + "\n"
 
 
 def run_regenerate(cfg, out_dir) -> dict:
@@ -182,7 +205,7 @@ def run_train(cfg, out_dir) -> dict:
         check(cfg.data.features == "online", f"data.features={cfg.data.features!r} is not valid; choose cache or online")
         dataset = D.OnlineSequences(seqs)
     train_cfg = {k: v for k, v in OmegaConf.to_container(cfg.train, resolve=True).items()
-                 if k not in ("export_dir", "eval_after", "log_every", "ckpt_every")}
+                 if k not in ("export_dir", "export_dtype", "eval_after", "log_every", "ckpt_every")}
     run_dir = _stage(cfg, "train", {"data": data_hash, "drafter": config.to_dict(), "init": str(init_path),
                                     "train": train_cfg, "features": cfg.data.features})
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -198,9 +221,8 @@ def run_train(cfg, out_dir) -> dict:
     drafter_dir = run_dir / "drafter"
     if cfg.train.export_dir:
         drafter_dir = Path(cfg.train.export_dir)
-        drafter_dir.mkdir(parents=True, exist_ok=True)
-        for f in ("config.json", "model.safetensors"):
-            shutil.copy2(run_dir / "drafter" / f, drafter_dir / f)
+        DFlashDraftModel.from_pretrained(run_dir / "drafter").save_pretrained(
+            drafter_dir, dtype=getattr(torch, cfg.train.export_dtype))
     if cfg.train.eval_after:
         from ..eval.evaluator import run_eval
 
@@ -210,6 +232,7 @@ def run_train(cfg, out_dir) -> dict:
                                        for k, v in summary["benchmarks"].items()}, "macro": summary["macro"],
                         "max_new_tokens": summary["max_new_tokens"]}
     write_json(drafter_dir / "card.json", card)
+    (drafter_dir / "README.md").write_text(card_markdown(card))
     write_json(out_dir / "train_summary.json", card)
     print(json.dumps({k: card[k] for k in ("steps", "train_seconds", "peak_memory_mb", "final_metrics")}, indent=1))
     return card
