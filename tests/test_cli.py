@@ -136,7 +136,8 @@ def test_sampling_run_is_reproducible_and_ar_only_run(cfg_factory, tmp_path):
     b = evaluator.run_eval(cfg, tmp_path / "b")
     ra = [json.loads(x)["text_sha256"] for x in (tmp_path / "a" / "samples.jsonl").read_text().splitlines()]
     rb = [json.loads(x)["text_sha256"] for x in (tmp_path / "b" / "samples.jsonl").read_text().splitlines()]
-    assert ra == rb and a["decoding"] == {"temperature": 1.0, "protocol": "B"}
+    assert ra == rb and a["benchmarks"]["alpaca"]["tau"] == b["benchmarks"]["alpaca"]["tau"]
+    assert a["decoding"] == {"temperature": 1.0, "protocol": "B"}
     assert a["benchmarks"]["alpaca"]["lossless_mismatches"] is None
     ar = evaluator.run_eval(cfg_factory("benchmark=alpaca", "eval.num_samples=1", "eval.max_new_tokens=6",
                                         "drafter=none"), tmp_path / "ar")

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from .. import benchmarks, registry
 from ..decoding.engine import DecodeConfig, Generation, generate
 from ..decoding.verify import PROTOCOLS
-from ..errors import UserError, check, differing_keys
+from ..errors import check, differing_keys
 from ..report.tables import summary_markdown
 from ..targets import resolve_device
 from ..tracking import make_logger, run_info, write_json
