@@ -199,3 +199,5 @@ def test_random_init_is_seeded(tiny_target):
     a, b = init_weights(DFlashDraftModel(c), 3), init_weights(DFlashDraftModel(c), 3)
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     assert c.target_layer_ids == [2] and c.mask_token_id == 151669 and c.hidden_size == 64
+    d = c.to_dict()   # the z-lab field set, for the reference loader
+    assert d["hidden_act"] == "silu" and d["layer_types"] == ["full_attention"] and d["tie_word_embeddings"] is False

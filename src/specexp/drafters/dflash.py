@@ -108,6 +108,10 @@ class DFlashConfig:
             mask_token_id=target.mask_token_id, rms_norm_eps=tc.rms_norm_eps,
             rope_theta=rope.get("rope_theta", getattr(tc, "rope_theta", 1e6)),
             max_position_embeddings=tc.max_position_embeddings,
+            # Fields the z-lab config.json carries, so the reference's Qwen3Config-based loader reads ours too.
+            extra={"hidden_act": "silu", "attention_dropout": 0.0, "tie_word_embeddings": False, "rope_scaling": None,
+                   "layer_types": ["full_attention"] * num_layers, "use_sliding_window": False,
+                   "sliding_window": None, "max_window_layers": num_layers, "dtype": "bfloat16"},
         )
 
 
