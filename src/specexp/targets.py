@@ -266,7 +266,8 @@ def load_smollm2(cfg, device: torch.device) -> Target:
             return Target(cfg.name, model, tok, cfg.mask_token_id, _stops(cfg, tok), source=cfg.hub_id)
         except OSError:
             if source == "hub":
-                raise UserError(f"target.source=hub but {cfg.hub_id!r} could not be loaded; use target.source=gguf")
+                raise UserError(f"target.source=hub but {cfg.hub_id!r} could not be loaded; "
+                                f"use target.source=gguf") from None
     local = smollm2_from_gguf(cache_root(cfg.cache_dir))
     model, tok = _from_pretrained(str(local), cfg, device, local_files_only=True)
     return Target(cfg.name, model, tok, cfg.mask_token_id, _stops(cfg, tok), source=f"gguf:{SMOLLM2_GGUF}")
