@@ -19,9 +19,10 @@ def run_task(cfg: DictConfig, out_dir: str):
 
     from .errors import one_of
     from .eval.evaluator import run_eval
+    from .training.local_heads import run_prior
     from .training.tasks import run_regenerate, run_train
 
-    tasks = {"eval": run_eval, "train": run_train, "regenerate": run_regenerate}
+    tasks = {"eval": run_eval, "train": run_train, "regenerate": run_regenerate, "prior": run_prior}
     one_of("task", cfg.task.name, tasks)
     torch.manual_seed(cfg.seed)
     if cfg.get("cpu_threads"):

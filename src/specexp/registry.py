@@ -3,7 +3,7 @@ an unknown name is one clear error listing the valid ones."""
 from __future__ import annotations
 
 from . import targets
-from .drafters import dflash
+from .drafters import dels, dflash
 from .errors import one_of
 
 TARGETS = {
@@ -16,6 +16,8 @@ TARGETS = {
 DRAFTERS = {
     "none": None,          # the autoregressive baseline
     "dflash": dflash.build,
+    "dels_rnn": dels.build,      # DeLS-Spec: DFlash + GRU local head + unigram prior
+    "dels_markov": dels.build,   # DeLS-Spec: DFlash + rank-256 bigram head + unigram prior
 }
 
 

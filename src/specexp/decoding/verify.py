@@ -43,19 +43,21 @@ def protocol_a(logits, drafts, temperature: float, generator: torch.Generator) -
     return n, int(y[n])
 
 
-def protocol_b(logits, drafts, q: torch.Tensor | None, temperature: float,
-               generator: torch.Generator) -> tuple[int, int]:
+def protocol_b(logits, drafts, q, temperature: float, generator: torch.Generator) -> tuple[int, int]:
+    """`q`: `[K, V]`, or a LazyDist (drafted tokens' probabilities + rows on demand)."""
     p = _probs(logits, temperature)                         # [K+1, V]
     k = drafts.numel()
     if k:
         rows = torch.arange(k, device=p.device)
-        ratio = p[rows, drafts] / q[rows, drafts].float().clamp_min(1e-8)       # [K]
+        q_tok = q[rows, drafts] if isinstance(q, torch.Tensor) else q.token_probs
+        ratio = p[rows, drafts] / q_tok.float().clamp_min(1e-8)                 # [K]
         u = torch.rand(k, generator=generator, device=p.device)
         n = _leading(u < ratio)
     else:
         n = 0
     if n < k:
-        residual = (p[n] - q[n].float()).clamp_min(0)       # [V]
+        q_n = q[n] if isinstance(q, torch.Tensor) else q.row(n)
+        residual = (p[n] - q_n.float()).clamp_min(0)        # [V]
         dist = residual if residual.sum() > 1e-8 else p[n]
     else:
         dist = p[k]
@@ -64,7 +66,7 @@ def protocol_b(logits, drafts, q: torch.Tensor | None, temperature: float,
 
 def verify(protocol: str, logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None,
            temperature: float, generator: torch.Generator | None) -> tuple[int, int]:
-    """Dispatch on `decoding.protocol`. `logits [K+1, V]`, `drafts [K]`, `q [K, V]` (protocol B only)."""
+    """Dispatch on `decoding.protocol`. `logits [K+1, V]`, `drafts [K]`, `q [K, V]` or LazyDist (protocol B only)."""
     if protocol == "greedy":
         return greedy(logits, drafts)
     if protocol == "A":

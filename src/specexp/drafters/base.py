@@ -12,7 +12,7 @@ Life of one generation (positions are absolute, as the target's):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -26,9 +26,18 @@ class Sampling:
 
 
 @dataclass
+class LazyDist:
+    """Draft distributions known by the probabilities of the drafted tokens; a full row is built only on
+    demand (protocol B needs just the first rejected one, for its residual)."""
+
+    token_probs: torch.Tensor                  # [K] q_j(d_j)
+    row: Callable[[int], torch.Tensor]         # j -> q_j [V]
+
+
+@dataclass
 class Proposal:
-    tokens: torch.Tensor              # [K] long, on the target's device
-    q: torch.Tensor | None = None     # [K, V] distributions the tokens were sampled from (protocol B only)
+    tokens: torch.Tensor                       # [K] long, on the target's device
+    q: torch.Tensor | LazyDist | None = None   # [K, V] distributions the tokens were sampled from (protocol B only)
 
 
 class Drafter(Protocol):

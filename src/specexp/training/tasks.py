@@ -29,7 +29,9 @@ from .anchors import default_gamma
 
 
 def _target_fingerprint(cfg, target) -> dict:
-    t = {k: v for k, v in OmegaConf.to_container(cfg.target, resolve=True).items() if k != "cache_dir"}
+    """What determines the target's outputs: its config minus paths and the drafters configured for it."""
+    t = {k: v for k, v in OmegaConf.to_container(cfg.target, resolve=True).items()
+         if k != "cache_dir" and not k.endswith("_checkpoint")}
     return {**t, "resolved_source": target.source}
 
 
@@ -68,7 +70,6 @@ def prepare_sequences(cfg, target) -> tuple[list[D.Sequence], str]:
 
 def drafter_config(cfg, target) -> tuple[DFlashConfig, Path | None]:
     d = cfg.drafter
-    check(d.name == "dflash", f"task=train trains drafter=dflash (got drafter={d.name})")
     if d.init == "checkpoint" or (d.init == "auto" and d.get("checkpoint")):
         from ..drafters.dflash import resolve_checkpoint
 
@@ -95,31 +96,21 @@ def init_from_target(model: DFlashDraftModel, target) -> int:
     return copied
 
 
-def _peak_memory_mb(device: torch.device) -> float:
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of this process: CUDA allocator peak on GPU, max RSS on CPU (what Table 5 reports)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024       # Linux: KiB
 
 
-def fit(cfg, target, dataset, config: DFlashConfig, init_path: Path | None, run_dir: Path) -> dict:
-    """Train in `run_dir` (resuming from its last checkpoint) and export the drafter to `run_dir/drafter`."""
+def lightning_fit(cfg, module, dataset, run_dir: Path, monitor_device: torch.device):
+    """Run Lightning on `module` over `dataset` (one sequence per batch) in `run_dir`, resuming from its last
+    checkpoint. Returns (trainer, seconds, precision). Shared by every trainable part."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
-    from .dflash_module import DFlashLitModule
-
-    tc, dev = cfg.train, target.device
-    if init_path is not None:
-        model = DFlashDraftModel.from_pretrained(init_path, dtype=torch.float32)
-    else:
-        model = init_weights(DFlashDraftModel(config), tc.seed)
-        if tc.init_from_target:
-            init_from_target(model, target)
-    gamma = tc.gamma if tc.gamma is not None else default_gamma(config.block_size)
-    module = DFlashLitModule(model.float(), target, num_anchors=tc.num_anchors, gamma=gamma, lr=tc.lr,
-                             warmup_ratio=tc.warmup_ratio, weight_decay=tc.weight_decay, attention=tc.attention,
-                             seed=tc.seed)
+    tc, dev = cfg.train, monitor_device
     loader = torch.utils.data.DataLoader(dataset, batch_size=1, shuffle=True, collate_fn=lambda xs: xs[0],
                                          generator=torch.Generator().manual_seed(tc.seed))
     loggers = [CSVLogger(str(run_dir), name="logs")]   # a resumed run logs to the next version_N, keeping the old
@@ -138,13 +129,33 @@ def fit(cfg, target, dataset, config: DFlashConfig, init_path: Path | None, run_
         enable_progress_bar=True, enable_model_summary=False, default_root_dir=str(run_dir),
     )
     last = ckpt_dir / "last.ckpt"
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
     t0 = time.perf_counter()
     trainer.fit(module, loader, ckpt_path=str(last) if last.exists() else None, weights_only=True)
-    seconds = time.perf_counter() - t0
+    return trainer, time.perf_counter() - t0, precision
+
+
+def fit(cfg, target, dataset, config: DFlashConfig, init_path: Path | None, run_dir: Path) -> dict:
+    """Train in `run_dir` (resuming from its last checkpoint) and export the drafter to `run_dir/drafter`."""
+    from .dflash_module import DFlashLitModule
+
+    tc = cfg.train
+    if init_path is not None:
+        model = DFlashDraftModel.from_pretrained(init_path, dtype=torch.float32)
+    else:
+        model = init_weights(DFlashDraftModel(config), tc.seed)
+        if tc.init_from_target:
+            init_from_target(model, target)
+    gamma = tc.gamma if tc.gamma is not None else default_gamma(config.block_size)
+    module = DFlashLitModule(model.float(), target, num_anchors=tc.num_anchors, gamma=gamma, lr=tc.lr,
+                             warmup_ratio=tc.warmup_ratio, weight_decay=tc.weight_decay, attention=tc.attention,
+                             seed=tc.seed)
+    trainer, seconds, precision = lightning_fit(cfg, module, dataset, run_dir, target.device)
     out = run_dir / "drafter"
     model.save_pretrained(out, dtype=getattr(torch, tc.export_dtype))   # bf16, as the released drafters
     metrics = {k: float(v) for k, v in trainer.logged_metrics.items()}
-    card = {"steps": trainer.global_step, "train_seconds": seconds, "peak_memory_mb": _peak_memory_mb(dev),
+    card = {"steps": trainer.global_step, "train_seconds": seconds, "peak_memory_mb": peak_memory_mb(target.device),
             "final_metrics": metrics, "precision": precision, "gamma": gamma}
     write_json(run_dir / "train.json", card)
     return card
@@ -185,7 +196,14 @@ def run_regenerate(cfg, out_dir) -> dict:
 
 
 def run_train(cfg, out_dir) -> dict:
-    """`task=train drafter=dflash`: data -> features -> Lightning -> DFlash checkpoint (+ export, + eval)."""
+    """`task=train drafter=dflash`: data -> features -> Lightning -> DFlash checkpoint (+ export, + eval).
+    `drafter=dels_rnn|dels_markov` trains the local head instead (training/local_heads.py)."""
+    if cfg.drafter.name in ("dels_rnn", "dels_markov"):
+        from .local_heads import run_train_head
+
+        return run_train_head(cfg, out_dir)
+    check(cfg.drafter.name == "dflash", f"task=train: drafter={cfg.drafter.name} has nothing to train; "
+                                        f"choose dflash, dels_rnn or dels_markov")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.device)

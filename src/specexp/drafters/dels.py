@@ -1,0 +1,409 @@
+"""DeLS-Spec (arXiv 2607.07409): a frozen DFlash drafter (the long-context expert) fused with a small local
+head (the short-context expert) and a unigram prior. Facts: research/methods.md §2 (official runtime).
+
+Per block of K drafts (K = DFlash's max_drafts):
+    d1            = pick(long_1)                                  DFlash alone
+    state         = head.begin(d1)                                RNN: h1 = GRU(E[d1], 0), the anchor is not fed
+    for i = 1..K-1:
+        short_i   = W_out @ head.feature(state)                   [V], rank-r factor, never materialised on GPU
+        d_{i+1}   = pick(long_{i+1} + alpha_i * short_i - beta_i * log_prior)
+        state     = head.advance(state, d_{i+1})
+`pick` = argmax (greedy, protocol A) or a sample with its probability (protocol B); alpha_i, beta_i are
+scalars or per-position lists of length K-1 (entry i-1 applies to draft i+1). Raw logits, no log_softmax
+and no temperature on the terms (per-row constants cancel in the softmax), as the reference runtime.
+
+Local heads read the frozen target embedding E and write through the frozen target lm_head W_lm:
+- rnn ("target_factorized"): E -> embed_down_proj (H->r_in) -> GRU(r_in->G, no bias) -> rank_proj (G->r)
+  -> SiLU -> rank_to_hidden (r->H, zero init) -> W_lm.   Inference: W_out = W_lm @ rank_to_hidden (V x r).
+- markov (rank-r bigram): E[x_prev] -> embed_down_proj (H->r) -> rank_to_hidden (r->H, zero init) -> W_lm.
+  Inference: in_table = E @ embed_down_proj^T (V x r), W_out = W_lm @ rank_to_hidden (V x r).
+Checkpoint (a directory): config.json + model.safetensors (trained weights only, names above) +
+log_prior.safetensors (assistant-token counts and the smoothed log prior).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import UserError, check, one_of
+from ..kernels.fusion import BACKENDS, TritonFusion, fuse_torch, gumbel, pick_backend
+from . import dflash
+from .base import LazyDist, Proposal, Sampling
+
+CONFIG_FILE, WEIGHTS_FILE, PRIOR_FILE = "config.json", "model.safetensors", "log_prior.safetensors"
+KINDS = ("rnn", "markov")
+ACTIVATIONS = {"silu": F.silu, "identity": lambda x: x}
+
+
+@dataclass
+class LocalHeadConfig:
+    kind: str                       # rnn | markov
+    hidden_size: int                # H of the target (embedding / lm_head width)
+    vocab_size: int
+    input_rank: int = 256           # rnn: E -> r_in before the GRU
+    gru_hidden: int = 1024          # rnn only
+    output_rank: int = 256          # r of the output factor (markov: the bigram rank)
+    activation: str = "silu"        # rnn: after rank_proj (silu | identity)
+    lm_head_mode: str = "target_factorized"
+    architecture: str = field(default="dels_local_head", init=False)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "config") -> "LocalHeadConfig":
+        check(d.get("architecture") == "dels_local_head",
+              f"{where}: not a DeLS local head (architecture {d.get('architecture')!r}, expected 'dels_local_head')")
+        d = {k: v for k, v in d.items() if k != "architecture"}
+        try:
+            c = cls(**d)
+        except TypeError as e:
+            raise UserError(f"{where}: {e}") from None
+        one_of(f"{where}: kind", c.kind, KINDS)
+        one_of(f"{where}: activation", c.activation, ACTIVATIONS)
+        check(c.lm_head_mode == "target_factorized",
+              f"{where}: lm_head_mode {c.lm_head_mode!r} is not supported (only 'target_factorized')")
+        return c
+
+
+class RNNHead(nn.Module):
+    def __init__(self, c: LocalHeadConfig):
+        super().__init__()
+        self.config = c
+        self.embed_down_proj = nn.Linear(c.hidden_size, c.input_rank, bias=False)
+        self.gru = nn.GRU(c.input_rank, c.gru_hidden, num_layers=1, bias=False, batch_first=True)
+        self.rank_proj = nn.Linear(c.gru_hidden, c.output_rank, bias=False)
+        self.rank_to_hidden = nn.Linear(c.output_rank, c.hidden_size, bias=False)
+        nn.init.zeros_(self.rank_to_hidden.weight)       # the head starts as "no opinion"
+
+    def features(self, emb: torch.Tensor) -> torch.Tensor:
+        """Embeddings `[N, L, H]` of a token run, fed from a zero state → rank states `[N, L, r]`."""
+        out, _ = self.gru(self.embed_down_proj(emb))                                   # [N, L, G]
+        return ACTIVATIONS[self.config.activation](self.rank_proj(out))
+
+    def hidden(self, emb: torch.Tensor) -> torch.Tensor:
+        return self.rank_to_hidden(self.features(emb))                                 # [N, L, H] → W_lm
+
+
+class MarkovHead(nn.Module):
+    def __init__(self, c: LocalHeadConfig):
+        super().__init__()
+        self.config = c
+        self.embed_down_proj = nn.Linear(c.hidden_size, c.output_rank, bias=False)
+        self.rank_to_hidden = nn.Linear(c.output_rank, c.hidden_size, bias=False)
+        bound = c.hidden_size ** -0.5
+        nn.init.uniform_(self.embed_down_proj.weight, -bound, bound)
+        nn.init.zeros_(self.rank_to_hidden.weight)
+
+    def features(self, emb: torch.Tensor) -> torch.Tensor:
+        return self.embed_down_proj(emb)                                               # [N, L, r]
+
+    def hidden(self, emb: torch.Tensor) -> torch.Tensor:
+        return self.rank_to_hidden(self.features(emb))                                 # [N, L, H]
+
+
+HEADS = {"rnn": RNNHead, "markov": MarkovHead}
+
+
+def make_head(c: LocalHeadConfig) -> nn.Module:
+    return HEADS[c.kind](c)
+
+
+def save_head(head: nn.Module, path: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
+    """config.json + model.safetensors, replaced atomically."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in head.state_dict().items()}
+    save_file(state, path / (WEIGHTS_FILE + ".tmp"), metadata={"format": "pt"})
+    (path / (CONFIG_FILE + ".tmp")).write_text(json.dumps(head.config.to_dict(), indent=2) + "\n")
+    os.replace(path / (WEIGHTS_FILE + ".tmp"), path / WEIGHTS_FILE)
+    os.replace(path / (CONFIG_FILE + ".tmp"), path / CONFIG_FILE)
+
+
+def load_head(path: str | os.PathLike, where: str) -> nn.Module:
+    """Strict: a missing, unexpected or misshapen tensor is one clear error."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    check(path.is_dir(), f"{where}: no such directory")
+    check((path / CONFIG_FILE).exists() and (path / WEIGHTS_FILE).exists(),
+          f"{where}: expected {CONFIG_FILE} and {WEIGHTS_FILE} (train one with task=train drafter=dels_rnn|dels_markov)")
+    try:
+        raw = json.loads((path / CONFIG_FILE).read_text())
+        state = load_file(path / WEIGHTS_FILE)
+    except Exception as e:
+        raise UserError(f"{where}: cannot read the head ({type(e).__name__}: {e})") from None
+    head = make_head(LocalHeadConfig.from_dict(raw, where))
+    expected = head.state_dict()
+    for kind, keys in (("missing", sorted(set(expected) - set(state))), ("unexpected", sorted(set(state) - set(expected)))):
+        check(not keys, f"{where}: {kind} tensor {keys[0] if keys else ''}")
+    for k, t in state.items():
+        check(t.shape == expected[k].shape,
+              f"{where}: {k} has shape {list(t.shape)}, config.json implies {list(expected[k].shape)}")
+    head.load_state_dict(state, strict=True)
+    return head
+
+
+# ------------------------------------------------------------------------------------------ unigram prior
+def log_prior_from_counts(counts: torch.Tensor, smoothing: float = 1.0) -> torch.Tensor:
+    """`log((c + s) / Σ(c + s))` over the full vocabulary, natural log, fp32 (s = 1: Laplace, the reference
+    default). s = 0 gives unseen tokens the smallest seen log-probability, as the reference does."""
+    c = counts.double()
+    if smoothing > 0:
+        lp = torch.log(c + smoothing) - math.log(float((c + smoothing).sum()))
+    else:
+        seen = c > 0
+        check(bool(seen.any()), "prior: no counted tokens")
+        lp = torch.log(c) - math.log(float(c.sum()))
+        lp[~seen] = lp[seen].min()
+    return lp.float()
+
+
+def save_prior(counts: torch.Tensor, path: str | os.PathLike, smoothing: float, source: dict) -> Path:
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    out = path / PRIOR_FILE
+    save_file({"counts": counts.to(torch.int64).contiguous(), "log_prior": log_prior_from_counts(counts, smoothing)},
+              path / (PRIOR_FILE + ".tmp"), metadata={"smoothing": str(smoothing), "source": json.dumps(source)})
+    os.replace(path / (PRIOR_FILE + ".tmp"), out)
+    return out
+
+
+def load_prior(path: str | os.PathLike, vocab_size: int, smoothing: float, where: str) -> torch.Tensor:
+    """The log prior `[V]`, recomputed from the stored counts when `smoothing` differs from the stored one."""
+    from safetensors import safe_open
+
+    f = Path(path) / PRIOR_FILE
+    check(f.exists(), f"{where}: no {PRIOR_FILE} beside the head (make one with task=prior)")
+    with safe_open(str(f), "pt") as st:
+        stored = float(st.metadata().get("smoothing", "nan"))
+        counts, lp = st.get_tensor("counts"), st.get_tensor("log_prior")
+    check(counts.numel() <= vocab_size, f"{where}: prior covers {counts.numel()} tokens, target vocab is {vocab_size}")
+    if counts.numel() < vocab_size or stored != smoothing:
+        lp = log_prior_from_counts(F.pad(counts, (0, vocab_size - counts.numel())), smoothing)
+    return lp
+
+
+# ------------------------------------------------------------------------------------- inference head
+class MergedHead:
+    """The head folded into the target's frozen weights for inference; all tables `[V, r]` in one dtype.
+    State: rnn = GRU hidden `[G]`; markov = the previous token's rank vector `[r]`."""
+
+    def __init__(self, head: nn.Module, embed: torch.Tensor, lm_head: torch.Tensor, dtype, device):
+        c = head.config
+        f32 = dict(dtype=torch.float32, device=device)
+        with torch.no_grad():
+            e, w_lm = embed.to(**f32), lm_head.to(**f32)                                # [V, H]
+            self.kind, self.act = c.kind, ACTIVATIONS[c.activation]
+            self.in_table = (e @ head.embed_down_proj.weight.to(**f32).T).to(dtype)      # [V, r_in]
+            self.w_out = (w_lm @ head.rank_to_hidden.weight.to(**f32)).to(dtype)         # [V, r]
+            if c.kind == "rnn":
+                self.w_ih = head.gru.weight_ih_l0.to(device=device, dtype=dtype)         # [3G, r_in] gates r, z, n
+                self.w_hh = head.gru.weight_hh_l0.to(device=device, dtype=dtype)         # [3G, G]
+                self.w_rank = head.rank_proj.weight.to(device=device, dtype=dtype)       # [r, G]
+        self.rank = self.w_out.shape[1]
+
+    def _gru(self, x: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
+        """One bias-free torch.nn.GRU step; h = None is the zero state."""
+        gi = self.w_ih @ x                                                               # [3G]
+        gh = torch.zeros_like(gi) if h is None else self.w_hh @ h                        # [3G]
+        i_r, i_z, i_n = gi.chunk(3)
+        h_r, h_z, h_n = gh.chunk(3)
+        r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
+        n = torch.tanh(i_n + r * h_n)
+        return (1 - z) * n if h is None else (1 - z) * n + z * h                        # [G]
+
+    def begin(self, token: torch.Tensor) -> torch.Tensor:
+        x = self.in_table[token]
+        return self._gru(x, None) if self.kind == "rnn" else x
+
+    def advance(self, state: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+        x = self.in_table[token]
+        return self._gru(x, state) if self.kind == "rnn" else x
+
+    def feature(self, state: torch.Tensor) -> torch.Tensor:
+        return self.act(self.w_rank @ state) if self.kind == "rnn" else state           # [r]
+
+
+def per_position(name: str, value, n: int) -> list[float]:
+    """A scalar or a list of n = K-1 weights (entry i-1 for draft i+1), each finite."""
+    vals = list(value) if isinstance(value, (list, tuple)) or hasattr(value, "__len__") else [value] * n
+    check(len(vals) == n, f"fusion.{name}={list(vals)}: expected a number or a list of {n} (one per draft 2..{n + 1})")
+    for v in vals:
+        check(isinstance(v, (int, float)) and math.isfinite(v),
+              f"fusion.{name}={v!r} is not a finite number")
+    return [float(v) for v in vals]
+
+
+# ----------------------------------------------------------------------------------------- the drafter
+class DeLSDrafter:
+    """DFlash long logits + local head + prior, fused position by position (see the module docstring)."""
+
+    def __init__(self, backbone: dflash.DFlashDrafter, head: MergedHead, log_prior: torch.Tensor,
+                 alpha, beta, backend: str = "auto", cuda_graph: str | bool = "auto"):
+        self.backbone, self.head = backbone, head
+        self.name = f"dels_{head.kind}"
+        self.max_drafts, self.tap_layers = backbone.max_drafts, backbone.tap_layers
+        n = max(self.max_drafts - 1, 0)
+        self.alpha, self.beta = per_position("alpha", alpha, n), per_position("beta", beta, n)
+        dev = backbone.model.fc.weight.device
+        self.log_prior = log_prior.to(device=dev, dtype=head.w_out.dtype)                   # [V]
+        self.backend = pick_backend(backend, dev)
+        self.kernel = TritonFusion(self.log_prior.numel(), dev) if self.backend == "triton" else None
+        self.zero_z = torch.zeros(head.rank, device=dev, dtype=head.w_out.dtype)
+        use_graph = dev.type == "cuda" if cuda_graph == "auto" else bool(cuda_graph)
+        check(not use_graph or dev.type == "cuda", "fusion.cuda_graph=true needs a CUDA device")
+        self.graphs: dict = {} if use_graph else None
+
+    # the backbone keeps the context; the head is stateless between blocks
+    def reset(self) -> None:
+        self.backbone.reset()
+
+    def prefill(self, taps) -> None:
+        self.backbone.prefill(taps)
+
+    def commit(self, n_accepted: int, taps) -> None:
+        self.backbone.commit(n_accepted, taps)
+
+    def _pick(self, long, z, i: int, temperature: float, generator):
+        """Token (and probability when sampling) of draft i+1 (0-based row i of the block's long logits)."""
+        a, b = (0.0, 0.0) if i == 0 else (self.alpha[i - 1], self.beta[i - 1])
+        if self.kernel is not None:
+            return self.kernel(long, z, self.head.w_out, a, b, self.log_prior, temperature, seed_add=i)
+        noise = gumbel(long.shape[-1], generator, long.device) if temperature > 0 else None
+        return fuse_torch(long, z, self.head.w_out, a, b, self.log_prior, temperature, noise)
+
+    def draft(self, long: torch.Tensor, out_tokens, out_probs, out_z, temperature: float = 0.0, generator=None):
+        """The sequential loop over one block: long `[K, V]` → tokens `[K]`, probs `[K]` (sampling), the
+        rank states `[K, r]` the fused rows were built from. Writes into the given buffers and never
+        synchronises with the host, so a CUDA graph can capture it."""
+        k = long.shape[0]
+        out_z[0].copy_(self.zero_z)
+        tok, p = self._pick(long[0], self.zero_z, 0, temperature, generator)
+        out_tokens[0].copy_(tok)
+        state = self.head.begin(out_tokens[0])
+        for i in range(1, k):
+            z = self.head.feature(state)                                                 # [r]
+            out_z[i].copy_(z)
+            tok, p_i = self._pick(long[i], z, i, temperature, generator)
+            out_tokens[i].copy_(tok)
+            if p_i is not None:
+                out_probs[i].copy_(p_i)
+            if i + 1 < k:
+                state = self.head.advance(state, out_tokens[i])
+        if p is not None:
+            out_probs[0].copy_(p)
+
+    def fused_row(self, long_i: torch.Tensor, z: torch.Tensor, i: int) -> torch.Tensor:
+        """The full fused logits of row i `[V]` (protocol B's residual needs the first rejected row)."""
+        a, b = (0.0, 0.0) if i == 0 else (self.alpha[i - 1], self.beta[i - 1])
+        return long_i.float() + a * (self.head.w_out.float() @ z.float()) - b * self.log_prior.float()
+
+    def propose(self, anchor: int, start: int, k: int, sampling: Sampling | None) -> Proposal:
+        _, long = self.backbone.block_logits(anchor, start, k)                               # [k, V]
+        temperature = sampling.temperature if sampling is not None else 0.0
+        generator = sampling.generator if sampling is not None else None
+        if self.graphs is not None:
+            tokens, probs, zs = self._replay(long, temperature, generator)
+        else:
+            dev = long.device
+            tokens = torch.empty(k, dtype=torch.long, device=dev)
+            probs = torch.empty(k, dtype=torch.float32, device=dev)
+            zs = torch.empty(k, self.head.rank, dtype=self.zero_z.dtype, device=dev)
+            if self.kernel is not None and temperature > 0:
+                self.kernel.reseed(generator)
+            with torch.inference_mode():
+                self.draft(long, tokens, probs, zs, temperature, generator)
+        if sampling is None:
+            return Proposal(tokens)
+        t = sampling.temperature
+        return Proposal(tokens, LazyDist(probs, lambda j: torch.softmax(self.fused_row(long[j], zs[j], j) / t, -1)))
+
+    def _replay(self, long, temperature: float, generator):
+        """CUDA graph of the whole block loop, one per temperature; k < K runs the full block and keeps
+        the first k drafts (draft i depends only on drafts before it)."""
+        from ..kernels.graphs import GraphedLoop
+
+        k, K = long.shape[0], self.max_drafts
+        if temperature not in self.graphs:
+            dev, V = long.device, long.shape[1]
+            bufs = dict(long=torch.zeros(K, V, device=dev, dtype=long.dtype),
+                        tokens=torch.zeros(K, dtype=torch.long, device=dev),
+                        probs=torch.zeros(K, dtype=torch.float32, device=dev),
+                        zs=torch.zeros(K, self.head.rank, dtype=self.zero_z.dtype, device=dev))
+            body = lambda: self.draft(bufs["long"], bufs["tokens"], bufs["probs"], bufs["zs"], temperature)  # noqa: E731
+            self.graphs[temperature] = (GraphedLoop(body), bufs)
+        graph, bufs = self.graphs[temperature]
+        bufs["long"][:k].copy_(long)
+        if temperature > 0:
+            self.kernel.reseed(generator)
+        graph()
+        return bufs["tokens"][:k].clone(), bufs["probs"][:k].clone(), bufs["zs"][:k].clone()
+
+
+# ---------------------------------------------------------------------------------------------- builder
+def random_head(c: LocalHeadConfig, seed: int, std: float) -> nn.Module:
+    """Every weight N(0, std) (the zero-init up-projection too, so a random head has an opinion)."""
+    g = torch.Generator().manual_seed(seed)
+    head = make_head(c)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+    return head
+
+
+def random_prior(vocab_size: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed + 1)
+    return torch.poisson(torch.rand(vocab_size, generator=g) * 3).long()
+
+
+def head_config(cfg, target) -> LocalHeadConfig:
+    h = cfg.head
+    kind = {"dels_rnn": "rnn", "dels_markov": "markov"}[cfg.name]
+    return LocalHeadConfig(kind, target.hidden_size, target.vocab_size, h.input_rank, h.gru_hidden, h.output_rank,
+                           h.activation)
+
+
+def build(cfg, target) -> DeLSDrafter:
+    """From the `drafter` config group (dels_rnn / dels_markov): the DFlash backbone exactly as `drafter=dflash`
+    builds it (`init`), the local head and its prior by `head.init` (auto = random when `init=random`, else
+    the head checkpoint when one is set, else random), fusion weights from `fusion`."""
+    fu = cfg.fusion
+    one_of("fusion.kernel", fu.kernel, BACKENDS)
+    one_of("fusion.cuda_graph", fu.cuda_graph, ("auto", True, False))
+    head_init, head_ckpt = cfg.head.init, cfg.head.get("checkpoint")
+    if head_init == "auto":
+        head_init = "checkpoint" if (head_ckpt and cfg.init != "random") else "random"
+        if head_init == "random" and cfg.init != "random":
+            print(f"specexp: no DeLS head for target {target.name}: using a random-init local head; train one with "
+                  f"task=train drafter={cfg.name}, or pass drafter.head.checkpoint=DIR", flush=True)
+    one_of("drafter.head.init", head_init, ("random", "checkpoint"))
+    backbone = dflash.build(cfg, target)
+    if head_init == "random":
+        head = random_head(head_config(cfg, target), cfg.seed, cfg.head.init_std)
+        log_prior = log_prior_from_counts(random_prior(target.vocab_size, cfg.seed), cfg.prior.smoothing)
+    else:
+        check(bool(head_ckpt), f"drafter.head.init=checkpoint needs drafter.head.checkpoint=DIR (train one with "
+                               f"task=train drafter={cfg.name})")
+        where = f"drafter.head.checkpoint={str(head_ckpt)!r}"
+        path = dflash.resolve_checkpoint(str(head_ckpt))
+        head = load_head(path, where)
+        c = head.config
+        check(c.kind == head_config(cfg, target).kind, f"{where}: a {c.kind} head, but drafter={cfg.name}")
+        check(c.hidden_size == target.hidden_size and c.vocab_size == target.vocab_size,
+              f"{where}: head for hidden {c.hidden_size} / vocab {c.vocab_size} does not fit target {target.name} "
+              f"(hidden {target.hidden_size}, vocab {target.vocab_size})")
+        log_prior = load_prior(path, target.vocab_size, cfg.prior.smoothing, where)
+    merged = MergedHead(head, target.embed_tokens.weight, target.lm_head.weight, target.dtype, target.device)
+    return DeLSDrafter(backbone, merged, log_prior, fu.alpha, fu.beta, fu.kernel, fu.cuda_graph)

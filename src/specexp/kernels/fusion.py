@@ -1,0 +1,137 @@
+"""DeLS-Spec logit fusion for one drafted position, without materialising the local head's logits.
+
+    fused = long + alpha * (W @ z) - beta * log_prior            # [V]
+    token = argmax(fused)                                          greedy / protocol A drafts
+    token ~ softmax(fused / T), prob = softmax(fused / T)[token]   protocol B drafts
+
+`long [V]` are the DFlash logits of the position, `z [r]` the local head's rank-r state and `W [V, r]` its
+merged output factor (target lm_head @ up-projection), `log_prior [V]` the smoothed log unigram prior. The
+arithmetic is fp32 whatever the input dtype. Sampling is Gumbel-max, `argmax(fused / T + g)` with
+`g = -log(-log(u))`, so sampling and argmax are the same streaming reduction; the Triton kernel draws `u`
+with Philox from a seed held in device memory (a CUDA graph replays it with a fresh seed), or reads given
+noise (how the tests compare it with the reference bit for bit).
+
+Two implementations of the same contract live here: `fuse_torch` (the reference, used on CPU) and
+`TritonFusion` (GPU; one program per vocabulary tile, each writes its tile's best score, token, max and
+sum-exp, and a few torch ops combine the tiles). `pick_backend` chooses by device. Ties go to the lowest token id in
+both, as torch.argmax.
+"""
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:            # pragma: no cover - triton ships with torch on Linux
+    triton = None
+
+BLOCK_V = 1024
+BACKENDS = ("auto", "torch", "triton")
+
+
+def gumbel(shape, generator: torch.Generator | None, device) -> torch.Tensor:
+    """Gumbel(0, 1) noise in fp32."""
+    u = torch.rand(shape, generator=generator, device=device)
+    return -torch.log(-torch.log(u))
+
+
+def fuse_torch(long, z, w, alpha: float, beta: float, log_prior, temperature: float = 0.0,
+               noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Reference. Returns `(token [] long, prob [] fp32 | None)`; `noise [V]` = Gumbel noise when sampling."""
+    fused = long.float()                                                                        # [V]
+    if alpha:
+        fused = fused + alpha * (w.float() @ z.float())
+    if beta:
+        fused = fused - beta * log_prior.float()
+    if temperature <= 0:
+        return fused.argmax(), None
+    s = fused / temperature                                                                     # [V]
+    token = (s + noise).argmax()
+    return token, torch.exp(s[token] - torch.logsumexp(s, 0))
+
+
+if triton is not None:
+    @triton.jit
+    def _fuse_tiles(long_ptr, z_ptr, w_ptr, lp_ptr, noise_ptr, seed_ptr,
+                    best_ptr, tok_ptr, tmax_ptr, tsum_ptr, sbest_ptr,
+                    alpha, beta, inv_t, seed_add, V, R: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr,
+                    SAMPLE: tl.constexpr, HAS_NOISE: tl.constexpr):
+        pid = tl.program_id(0)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)                                                # [BLOCK]
+        valid = offs < V
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for r0 in range(0, R, BLOCK_R):                  # short = W[tile] @ z, streamed over the rank
+            rr = r0 + tl.arange(0, BLOCK_R)
+            zr = tl.load(z_ptr + rr, mask=rr < R, other=0.0).to(tl.float32)                     # [BLOCK_R]
+            wt = tl.load(w_ptr + offs[:, None] * R + rr[None, :], mask=valid[:, None] & (rr[None, :] < R),
+                         other=0.0).to(tl.float32)                                               # [BLOCK, BLOCK_R]
+            acc += tl.sum(wt * zr[None, :], axis=1)
+        lg = tl.load(long_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+        lp = tl.load(lp_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+        fused = lg + alpha * acc - beta * lp
+        if SAMPLE:
+            s = tl.where(valid, fused * inv_t, float("-inf"))
+            if HAS_NOISE:
+                g = tl.load(noise_ptr + offs, mask=valid, other=0.0)
+            else:
+                u = tl.rand(tl.load(seed_ptr) + seed_add, offs)
+                g = -tl.log(-tl.log(u))
+            score = tl.where(valid, s + g, float("-inf"))
+            m = tl.max(s, axis=0)
+            tl.store(tmax_ptr + pid, m)
+            tl.store(tsum_ptr + pid, tl.sum(tl.exp(s - m), axis=0))
+        else:
+            score = tl.where(valid, fused, float("-inf"))
+        i = tl.argmax(score, axis=0)
+        tl.store(best_ptr + pid, tl.max(score, axis=0))
+        tl.store(tok_ptr + pid, pid * BLOCK + i)
+        if SAMPLE:
+            tl.store(sbest_ptr + pid, tl.sum(tl.where(tl.arange(0, BLOCK) == i, s, 0.0), axis=0))
+
+
+class TritonFusion:
+    """Preallocated tile buffers for one vocabulary size, so repeated calls (and CUDA-graph capture) allocate
+    nothing. `seed` is a device tensor read by the kernel: fill it before each sampled call or replay."""
+
+    def __init__(self, vocab_size: int, device, block: int = BLOCK_V):
+        assert triton is not None, "triton is not installed"
+        self.V, self.block = vocab_size, block
+        n = triton.cdiv(vocab_size, block)
+        f = dict(device=device, dtype=torch.float32)
+        self.best, self.tmax, self.tsum, self.sbest = (torch.empty(n, **f) for _ in range(4))
+        self.tok = torch.empty(n, device=device, dtype=torch.int64)
+        self.seed = torch.zeros(1, device=device, dtype=torch.int64)
+        self.grid = (n,)
+
+    def reseed(self, generator: torch.Generator | None) -> None:
+        """A fresh Philox seed for the next sampled block (device to device: no host sync)."""
+        self.seed.copy_(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=self.seed.device))
+
+    def __call__(self, long, z, w, alpha: float, beta: float, log_prior, temperature: float = 0.0,
+                 noise: torch.Tensor | None = None, seed_add: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`seed_add` separates the random streams of the positions of one block (same seed, one replay)."""
+        sample = temperature > 0
+        r = z.numel()
+        _fuse_tiles[self.grid](
+            long, z, w, log_prior, noise if noise is not None else self.best, self.seed,
+            self.best, self.tok, self.tmax, self.tsum, self.sbest,
+            float(alpha), float(beta), 1.0 / temperature if sample else 1.0, int(seed_add), self.V,
+            R=r, BLOCK=self.block, BLOCK_R=min(64, triton.next_power_of_2(r)),
+            SAMPLE=sample, HAS_NOISE=noise is not None)
+        t = self.best.argmax()                               # the first tile holding the maximum
+        token = self.tok[t].clone()                          # a view would change with the next call
+        if not sample:
+            return token, None
+        m = self.tmax.max()
+        log_z = m + torch.log((self.tsum * torch.exp(self.tmax - m)).sum())
+        return token, torch.exp(self.sbest[t] - log_z)
+
+
+def pick_backend(backend: str, device: torch.device) -> str:
+    """`auto` = Triton on CUDA, the torch reference elsewhere."""
+    if backend not in BACKENDS:
+        raise ValueError(backend)
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and triton is not None else "torch"
+    return backend

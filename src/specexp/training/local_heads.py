@@ -1,0 +1,224 @@
+"""DeLS-Spec local heads: plain next-token prediction on the head's training data (no target hidden states,
+no DFlash in the loop), and the unigram prior of the same data. Facts: research/methods.md §2.2-2.4.
+
+- rnn: anchored blocks (anchors drawn as for DFlash, among response positions a <= S - B), inputs = the
+  tokens at offsets 0..B-2, targets = offsets 1..B-1, zero GRU state per block (teacher forced), loss weight
+  exp(-k / gamma) for offset k = 0..B-2, masked by the targets' loss mask, normalised by the weight sum.
+- markov: dense over every position (previous token -> next token), weighted by the next token's loss mask.
+The target's embedding and lm_head are shared and frozen (not in the module's state, not optimised).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import zlib
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from .. import registry
+from ..drafters import dels
+from ..errors import check
+from ..targets import resolve_device
+from ..tracking import write_json
+from .anchors import cosine_with_warmup, sample_anchors
+
+
+class LocalHeadLitModule(L.LightningModule):
+    def __init__(self, head, target, *, block_size: int, num_anchors: int, gamma: float, lr: float,
+                 warmup_ratio: float, weight_decay: float, seed: int):
+        super().__init__()
+        self.head = head
+        self._target = (target,)          # a tuple: the frozen target is not a submodule
+        self.block_size, self.num_anchors, self.gamma = block_size, num_anchors, gamma
+        self.lr, self.warmup_ratio, self.weight_decay, self.seed = lr, warmup_ratio, weight_decay, seed
+
+    @property
+    def target(self):
+        return self._target[0]
+
+    def _rows(self, ids, loss_mask, step: int):
+        """(inputs [N, L], targets [N, L], weights [N, L]) for one sequence `[S]`."""
+        if self.head.config.kind == "markov":
+            return ids[None, :-1], ids[None, 1:], loss_mask[None, 1:].float()
+        b, s = self.block_size, ids.numel()
+        if s < b:
+            return None
+        g = torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/{step}".encode()))
+        anchors = sample_anchors(loss_mask[: s - b + 2].cpu(), self.num_anchors, g).to(ids.device)   # a <= S-B
+        if anchors.numel() == 0:
+            return None
+        pos = anchors[:, None] + torch.arange(b, device=ids.device)                    # [n, B]
+        k = torch.arange(b - 1, device=ids.device)                                       # [B-1]
+        w = torch.exp(-k.float() / self.gamma) * loss_mask[pos[:, 1:]]                  # [n, B-1]
+        return ids[pos[:, :-1]], ids[pos[:, 1:]], w
+
+    def head_loss(self, ids, loss_mask, step: int):
+        rows = self._rows(ids, loss_mask, step)
+        if rows is None or not (rows[2] > 0).any():
+            return None, {}
+        inp, tgt, w = rows
+        hidden = self.head.hidden(self.target.embed_tokens(inp))                        # [N, L, H]
+        sel = w > 0
+        logits = self.target.lm_head(hidden[sel])                                      # [M, V]
+        ce = F.cross_entropy(logits.float(), tgt[sel], reduction="none")               # [M]
+        loss = (ce * w[sel]).sum() / w[sel].sum()
+        with torch.no_grad():
+            correct = logits.argmax(-1) == tgt[sel]
+            m = {"acc": correct.float().mean(), "tokens": float(sel.sum())}
+            if self.head.config.kind == "rnn":
+                k = torch.arange(inp.shape[1], device=ids.device).expand_as(inp)[sel]
+                m.update({f"acc_k{j}": correct[k == j].float().mean() for j in range(inp.shape[1]) if (k == j).any()})
+        return loss, m
+
+    def training_step(self, batch, batch_idx):
+        ids, lm = batch["ids"].to(self.device), batch["loss_mask"].to(self.device)
+        loss, m = self.head_loss(ids, lm, self.global_step)
+        if loss is None:
+            return None
+        self.log("train/loss", loss, prog_bar=True, batch_size=1)
+        self.log("train/acc", m.pop("acc"), prog_bar=True, batch_size=1)
+        self.log_dict({f"train/{k}": v for k, v in m.items()}, batch_size=1)
+        return loss
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.head.parameters(), lr=self.lr, betas=(0.9, 0.999), eps=1e-8,
+                                weight_decay=self.weight_decay)
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_with_warmup(s, total, self.warmup_ratio))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def count_assistant_tokens(seqs, vocab_size: int) -> torch.Tensor:
+    """Unigram counts `[V]` of the loss-masked (assistant) tokens of the sequences."""
+    ids = torch.cat([s.ids[s.loss_mask] for s in seqs]) if seqs else torch.empty(0, dtype=torch.long)
+    return torch.bincount(ids, minlength=vocab_size)
+
+
+def head_block_size(cfg, target) -> int:
+    """The head's training block: `drafter.head.train.block_size`, else the DFlash backbone's."""
+    if cfg.drafter.head.train.block_size:
+        return int(cfg.drafter.head.train.block_size)
+    from .tasks import drafter_config
+
+    return drafter_config(cfg, target)[0].block_size
+
+
+def card_markdown(card: dict) -> str:
+    fm = card.get("final_metrics", {})
+    lines = [f"# DeLS-Spec {card['head']['kind']} local head for {card['target']} ({card['target_source']})", "",
+             f"Produced by: `{card['command']}` (specexp; stage `{Path(card['run_dir']).name}`).", "",
+             f"- data: {card['sequences']} sequences, {card['response_tokens']} response tokens, hash `{card['data_hash']}`",
+             f"- head: {json.dumps({k: v for k, v in card['head'].items() if k != 'architecture'})}, "
+             f"{card['trainable_params']:,} trainable parameters",
+             f"- training: {card['steps']} steps in {card['train_seconds']:.0f} s, peak memory "
+             f"{card['peak_memory_mb']:.0f} MiB, precision {card['precision']}, block {card['block_size']}, "
+             f"gamma {card['gamma']}",
+             f"- final train loss {fm.get('train/loss', float('nan')):.3f}, accuracy {fm.get('train/acc', float('nan')):.3f}",
+             f"- prior: {PRIOR_NOTE}"]
+    if "eval" in card:
+        e = card["eval"]
+        lines += ["", f"Measured with fusion alpha={e['alpha']}, beta={e['beta']} (greedy, {e['max_new_tokens']} new "
+                      f"tokens; τ includes the bonus token):", "", "| benchmark | τ | speedup |", "|---|---:|---:|"]
+        for name, b in e["benchmarks"].items():
+            sp = "–" if b["speedup"] is None else f"{b['speedup']:.2f}×"
+            lines.append(f"| {name} | {b['tau']:.2f} | {sp} |")
+    return "\n".join(lines) + "\n"
+
+
+PRIOR_NOTE = (f"`{dels.PRIOR_FILE}` = counts of the assistant tokens of the same training sequences and their "
+              "Laplace-smoothed natural log prior over the full vocabulary")
+
+
+def run_train_head(cfg, out_dir) -> dict:
+    """`task=train drafter=dels_rnn|dels_markov`: sequences -> Lightning -> head + prior (+ export, + eval)."""
+    from .tasks import _stage, _target_fingerprint, lightning_fit, peak_memory_mb, prepare_sequences
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = registry.build_target(cfg.target, resolve_device(cfg.device))
+    hc = dels.head_config(cfg.drafter, target)
+    ht, tc = cfg.drafter.head.train, cfg.train
+    block = head_block_size(cfg, target)
+    check(block >= 2, f"drafter.head.train.block_size={block} must be at least 2")
+    seqs, data_hash = prepare_sequences(cfg, target)
+    recipe = {**OmegaConf.to_container(ht, resolve=True), "block_size": block,
+              **{k: tc[k] for k in ("lr", "warmup_ratio", "weight_decay", "grad_clip", "max_steps", "accumulate",
+                                    "precision", "seed")}}
+    run_dir = _stage(cfg, "head", {"data": data_hash, "head": hc.to_dict(), "recipe": recipe,
+                                   "target": _target_fingerprint(cfg, target)})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    head_dir = run_dir / "head"
+    if (run_dir / "train.json").exists() and (head_dir / dels.WEIGHTS_FILE).exists():
+        card = json.loads((run_dir / "train.json").read_text())
+        print(f"specexp: reusing trained head {head_dir}", flush=True)
+    else:
+        with torch.random.fork_rng():
+            torch.manual_seed(tc.seed)
+            head = dels.make_head(hc)
+        module = LocalHeadLitModule(head.float(), target, block_size=block, num_anchors=ht.num_anchors,
+                                    gamma=ht.gamma, lr=tc.lr, warmup_ratio=tc.warmup_ratio,
+                                    weight_decay=tc.weight_decay, seed=tc.seed)
+        train_cfg = OmegaConf.merge(cfg, {"train": {"epochs": ht.epochs}})
+        trainer, seconds, precision = lightning_fit(train_cfg, module, _TokenSequences(seqs), run_dir, target.device)
+        dels.save_head(head, head_dir, dtype=getattr(torch, tc.export_dtype))
+        card = {"steps": trainer.global_step, "train_seconds": seconds, "peak_memory_mb": peak_memory_mb(target.device),
+                "final_metrics": {k: float(v) for k, v in trainer.logged_metrics.items()}, "precision": precision,
+                "block_size": block, "gamma": ht.gamma, "trainable_params": sum(p.numel() for p in head.parameters())}
+        write_json(run_dir / "train.json", card)
+    counts = count_assistant_tokens(seqs, target.vocab_size)
+    dels.save_prior(counts, head_dir, 1.0, {"data_hash": data_hash, "sequences": len(seqs)})
+    card = {**card, "command": "python -m specexp " + " ".join(sys.argv[1:]), "data_hash": data_hash,
+            "sequences": len(seqs), "response_tokens": int(counts.sum()), "target": target.name,
+            "target_source": target.source, "head": hc.to_dict(), "recipe": recipe, "run_dir": str(run_dir)}
+    final = head_dir
+    if tc.export_dir:
+        final = Path(tc.export_dir)
+        dels.save_head(dels.load_head(head_dir, str(head_dir)), final, dtype=getattr(torch, tc.export_dtype))
+        dels.save_prior(counts, final, 1.0, {"data_hash": data_hash, "sequences": len(seqs)})
+    if tc.eval_after:
+        from ..eval.evaluator import run_eval
+
+        ecfg = OmegaConf.merge(cfg, {"drafter": {"head": {"init": "checkpoint", "checkpoint": str(final)}}})
+        summary = run_eval(ecfg, out_dir / "eval")
+        card["eval"] = {"benchmarks": {k: {"tau": v["tau"], "speedup": v["speedup"]}
+                                       for k, v in summary["benchmarks"].items()}, "macro": summary["macro"],
+                        "max_new_tokens": summary["max_new_tokens"],
+                        "alpha": OmegaConf.to_container(cfg.fusion, resolve=True)["alpha"],
+                        "beta": OmegaConf.to_container(cfg.fusion, resolve=True)["beta"]}
+    write_json(final / "card.json", card)
+    (final / "README.md").write_text(card_markdown(card))
+    write_json(out_dir / "train_summary.json", card)
+    print(json.dumps({k: card[k] for k in ("steps", "train_seconds", "peak_memory_mb", "final_metrics")}, indent=1))
+    return card
+
+
+class _TokenSequences(torch.utils.data.Dataset):
+    def __init__(self, seqs):
+        self.seqs = seqs
+
+    def __len__(self):
+        return len(self.seqs)
+
+    def __getitem__(self, i):
+        return {"ids": self.seqs[i].ids, "loss_mask": self.seqs[i].loss_mask}
+
+
+def run_prior(cfg, out_dir) -> dict:
+    """`task=prior`: the unigram prior of the data config's sequences, written to `task.out` (default: the
+    run directory); point it at a head's directory to put the prior beside the head."""
+    from .tasks import prepare_sequences
+
+    target = registry.build_target(cfg.target, resolve_device(cfg.device))
+    seqs, data_hash = prepare_sequences(cfg, target)
+    counts = count_assistant_tokens(seqs, target.vocab_size)
+    dest = Path(cfg.task.out) if cfg.task.get("out") else Path(out_dir)
+    path = dels.save_prior(counts, dest, cfg.task.smoothing, {"data_hash": data_hash, "sequences": len(seqs)})
+    summary = {"prior": str(path), "tokens": int(counts.sum()), "distinct": int((counts > 0).sum()),
+               "vocab_size": target.vocab_size, "smoothing": cfg.task.smoothing, "data_hash": data_hash}
+    write_json(Path(out_dir) / "prior.json", summary)
+    print(f"specexp: {summary}", flush=True)
+    return summary
