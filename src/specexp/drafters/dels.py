@@ -257,7 +257,7 @@ class DeLSDrafter:
         self.max_drafts, self.tap_layers = backbone.max_drafts, backbone.tap_layers
         n = max(self.max_drafts - 1, 0)
         self.alpha, self.beta = per_position("alpha", alpha, n), per_position("beta", beta, n)
-        dev = backbone.model.fc.weight.device
+        dev = head.w_out.device
         self.log_prior = log_prior.to(device=dev, dtype=head.w_out.dtype)                   # [V]
         self.backend = pick_backend(backend, dev)
         self.kernel = TritonFusion(self.log_prior.numel(), dev) if self.backend == "triton" else None

@@ -1,0 +1,198 @@
+"""DeLS-Spec drafters: lossless under greedy decoding, protocol B keeps the target distribution with fused
+drafts, the fusion loop equals the formula written out by hand (through torch.nn.GRU, not the merged
+inference path), alpha = beta = 0 gives DFlash's drafts, and bad fusion weights or heads are one-line errors."""
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from helpers import ToyTarget
+from specexp import registry
+from specexp.decoding.engine import DecodeConfig, generate
+from specexp.drafters import dels
+from specexp.drafters.base import choose
+from specexp.errors import UserError
+
+SMALL = ["drafter.head.input_rank=16", "drafter.head.gru_hidden=32", "drafter.head.output_rank=16",
+         "drafter.head.init_std=0.5"]
+PROMPTS = ["Hello there, how are you?", "Write a haiku about rust.", "What is 17 * 23?"]
+
+
+def build(cfg_factory, tiny_target, kind, *extra):
+    cfg = cfg_factory(f"drafter=dels_{kind}", *SMALL, *extra)
+    return registry.build_drafter(cfg.drafter, tiny_target)
+
+
+@pytest.mark.parametrize("kind", ["rnn", "markov"])
+def test_greedy_equals_autoregressive(cfg_factory, tiny_target, kind):
+    t = tiny_target
+    drafter = build(cfg_factory, t, kind, "fusion.alpha=4.0", "fusion.beta=1.0")
+    dflash = registry.build_drafter(cfg_factory().drafter, t)            # the same seeded backbone alone
+    assert drafter.name == f"dels_{kind}" and drafter.max_drafts == 15
+    differs = False
+    for prompt in PROMPTS:
+        ids = t.encode_chat([{"role": "user", "content": prompt}])
+        ref = generate(t, None, ids, DecodeConfig(max_new_tokens=30))
+        for n in (1, 17, 30):                 # greedy AR output of n tokens is the prefix of the 30-token one
+            assert generate(t, drafter, ids, DecodeConfig(max_new_tokens=n)).tokens == ref.tokens[:n], (prompt, n)
+        start, anchor = len(ids), ref.tokens[0]
+        _, taps = t.forward(torch.tensor([ids]), 0, t.new_cache(), taps=drafter.tap_layers)
+        drafter.reset(), drafter.prefill(taps), dflash.reset(), dflash.prefill(taps)
+        ours = drafter.propose(anchor, start, 15, None).tokens
+        theirs = dflash.propose(anchor, start, 15, None).tokens
+        assert ours[0] == theirs[0]                                       # draft 1 is DFlash's alone
+        differs |= bool((ours != theirs).any())
+    assert differs, "the local head and the prior never changed a draft: the test would not see the fusion"
+
+
+def test_zero_weights_reproduce_dflash_drafts(cfg_factory, tiny_target):
+    t = tiny_target
+    drafter = build(cfg_factory, t, "rnn", "fusion=off")
+    for prompt in PROMPTS:
+        ids = t.encode_chat([{"role": "user", "content": prompt}])
+        _, taps = t.forward(torch.tensor([ids]), 0, t.new_cache(), taps=drafter.tap_layers)
+        drafter.reset(), drafter.prefill(taps)
+        for anchor in (0, 11, 151643):
+            for k in (1, 7, 15):
+                expect = choose(drafter.backbone.block_logits(anchor, len(ids), k)[1], None).tokens
+                assert torch.equal(drafter.propose(anchor, len(ids), k, None).tokens, expect)
+
+
+class _Backbone:
+    """Hand-made long logits: row i of every block is `table[anchor] + i * shift` (a parallel drafter)."""
+
+    tap_layers = ()
+
+    def __init__(self, table, k, shift=None):
+        self.table, self.max_drafts = table, k
+        self.shift = torch.zeros(table.shape[1]) if shift is None else shift
+
+    def reset(self):
+        pass
+
+    def prefill(self, taps):
+        pass
+
+    def commit(self, n, taps):
+        pass
+
+    def block_logits(self, anchor, start, k):
+        return None, self.table[anchor][None] + torch.arange(k)[:, None] * self.shift      # [k, V]
+
+
+def _head(kind, vocab, hidden=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    c = dels.LocalHeadConfig(kind, hidden, vocab, input_rank=5, gru_hidden=7, output_rank=4)
+    head = dels.random_head(c, seed, 0.8)
+    embed, lm = torch.randn(vocab, hidden, generator=g), torch.randn(vocab, hidden, generator=g)
+    return head, embed, lm
+
+
+@pytest.mark.parametrize("kind", ["rnn", "markov"])
+def test_fusion_loop_equals_the_formula(kind):
+    V, K = 11, 5
+    g = torch.Generator().manual_seed(3)
+    head, embed, lm = _head(kind, V)
+    table, shift = torch.randn(V, V, generator=g) * 2, torch.randn(V, generator=g)
+    lp = torch.log_softmax(torch.randn(V, generator=g), 0)
+    alpha, beta = [0.5, 1.5, 0.0, 2.0], [0.3, 0.0, 1.0, 0.7]
+    merged = dels.MergedHead(head, embed, lm, torch.float32, "cpu")
+    drafter = dels.DeLSDrafter(_Backbone(table, K, shift), merged, lp, alpha, beta, "torch", False)
+    with torch.no_grad():
+        for anchor in range(V):
+            long = table[anchor][None] + torch.arange(K)[:, None] * shift
+            toks = [int(long[0].argmax())]                                 # draft 1: DFlash alone
+            for i in range(1, K):
+                prefix = embed[torch.tensor(toks)][None]                   # [1, i, H] drafts 1..i
+                if kind == "rnn":                                          # GRU from zero over d1..di
+                    short = lm @ head.hidden(prefix)[0, -1]
+                else:                                                      # bigram of the previous draft
+                    short = lm @ head.hidden(prefix[:, -1:])[0, 0]
+                fused = long[i] + alpha[i - 1] * short - beta[i - 1] * lp
+                toks.append(int(fused.argmax()))
+            assert drafter.propose(anchor, 0, K, None).tokens.tolist() == toks
+            assert drafter.propose(anchor, 0, 2, None).tokens.tolist() == toks[:2]
+    # With a huge alpha the first draft is still DFlash's own argmax.
+    loud = dels.DeLSDrafter(_Backbone(table, K, shift), merged, lp, 1e4, 0.0, "torch", False)
+    assert all(loud.propose(a, 0, K, None).tokens[0] == table[a].argmax() for a in range(V))
+
+
+def _dist_test(backend, n_runs):
+    """χ² of generated sequences against the toy target's exact distribution; protocol B, fused drafts."""
+    import itertools
+
+    V, steps, T = 4, 3, 0.8
+    g = torch.Generator().manual_seed(0)
+    target_table = torch.randn(V, V, generator=g) * 1.5
+    draft_table = target_table + torch.randn(V, V, generator=g) * 1.5
+    head, embed, lm = _head("rnn", V, seed=1)
+    merged = dels.MergedHead(head, embed, lm, torch.float32, "cpu")
+    lp = torch.log_softmax(torch.randn(V, generator=g), 0)
+    drafter = dels.DeLSDrafter(_Backbone(draft_table, 3), merged, lp, 0.7, 0.4, backend, False)
+    target = ToyTarget(target_table)
+    dc = DecodeConfig(protocol="B", temperature=T, max_new_tokens=steps)
+    gen = torch.Generator().manual_seed(1234)
+    counts, accepted = {}, 0
+    for _ in range(n_runs):
+        out = generate(target, drafter, [0], dc, gen)
+        counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
+        accepted += sum(a - 1 for a in out.accept_lengths)
+    p = torch.softmax(target_table.double() / T, -1)
+    probs = {}
+    for seq in itertools.product(range(V), repeat=steps):
+        prev, pr = 0, 1.0
+        for tok in seq:
+            pr, prev = pr * float(p[prev, tok]), tok
+        probs[seq] = pr
+    keys = sorted(probs)
+    return chisquare([counts.get(s, 0) for s in keys], [probs[s] * n_runs for s in keys]).pvalue, accepted
+
+
+def test_protocol_b_with_fused_drafts_keeps_the_target_distribution():
+    pvalue, accepted = _dist_test("torch", 6000)
+    assert accepted > 6000 // 4 and pvalue > 1e-3, (pvalue, accepted)
+
+
+def test_protocol_b_through_the_triton_kernel_keeps_the_target_distribution():
+    """The kernel's own Philox sampling and reported probabilities (TRITON_INTERPRET=1 on CPU)."""
+    pvalue, accepted = _dist_test("triton", 1500)
+    assert accepted > 1500 // 4 and pvalue > 1e-3, (pvalue, accepted)
+
+
+def test_bad_fusion_weights_and_heads_are_one_line_errors(cfg_factory, tiny_target, tmp_path):
+    t = tiny_target
+    cases = {
+        "fusion.alpha=nan": "fusion.alpha=nan is not a finite number",
+        "fusion.beta=[0.1,0.2]": "expected a number or a list of 14",
+        "fusion.kernel=cuda": "fusion.kernel",
+        "drafter.head.init=checkpoint": "needs drafter.head.checkpoint",
+        f"drafter.head.checkpoint={tmp_path / 'nope'}": "no such directory",
+    }
+    for override, msg in cases.items():
+        extra = [override] + (["drafter.head.init=checkpoint"] if "checkpoint=" in override else [])
+        with pytest.raises(UserError, match=msg.replace("[", r"\[")):
+            build(cfg_factory, t, "rnn", *extra)
+    # A Markov head where an RNN head is expected, and a head for another vocabulary.
+    c = dels.LocalHeadConfig("markov", t.hidden_size, t.vocab_size, output_rank=4)
+    dels.save_head(dels.make_head(c), tmp_path / "m")
+    dels.save_prior(torch.ones(t.vocab_size, dtype=torch.long), tmp_path / "m", 1.0, {})
+    with pytest.raises(UserError, match="a markov head, but drafter=dels_rnn"):
+        build(cfg_factory, t, "rnn", "drafter.head.init=checkpoint", f"drafter.head.checkpoint={tmp_path / 'm'}")
+    assert build(cfg_factory, t, "markov", "drafter.head.init=checkpoint",
+                 f"drafter.head.checkpoint={tmp_path / 'm'}").name == "dels_markov"
+    c = dels.LocalHeadConfig("rnn", t.hidden_size, 1000, input_rank=4, gru_hidden=4, output_rank=4)
+    dels.save_head(dels.make_head(c), tmp_path / "r")
+    with pytest.raises(UserError, match="does not fit target tiny_qwen3"):
+        build(cfg_factory, t, "rnn", "drafter.head.init=checkpoint", f"drafter.head.checkpoint={tmp_path / 'r'}")
+    with pytest.raises(UserError, match="needs a CUDA device"):
+        build(cfg_factory, t, "rnn", "fusion.cuda_graph=true")
+
+
+def test_head_checkpoint_round_trips(tmp_path):
+    for kind in ("rnn", "markov"):
+        c = dels.LocalHeadConfig(kind, 8, 50, input_rank=4, gru_hidden=6, output_rank=3)
+        head = dels.random_head(c, 0, 0.5)
+        dels.save_head(head, tmp_path / kind)
+        back = dels.load_head(tmp_path / kind, "x")
+        assert back.config == c
+        assert all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), back.state_dict().values()))
+        assert (tmp_path / kind / "config.json").exists() and not list((tmp_path / kind).glob("*.tmp"))
