@@ -219,6 +219,7 @@ def run_prior(cfg, out_dir) -> dict:
     path = dels.save_prior(counts, dest, cfg.task.smoothing, {"data_hash": data_hash, "sequences": len(seqs)})
     summary = {"prior": str(path), "tokens": int(counts.sum()), "distinct": int((counts > 0).sum()),
                "vocab_size": target.vocab_size, "smoothing": cfg.task.smoothing, "data_hash": data_hash}
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     write_json(Path(out_dir) / "prior.json", summary)
     print(f"specexp: {summary}", flush=True)
     return summary

@@ -1,0 +1,78 @@
+"""DeLS local heads: the prior equals hand counts, a head trained (through Lightning) on one sequence
+reproduces it through the merged inference path, and task=train / task=prior write a usable head + prior."""
+import json
+import math
+
+import pytest
+import torch
+
+from specexp.drafters import dels
+from specexp.training import data as D
+from specexp.training.local_heads import LocalHeadLitModule, count_assistant_tokens, run_prior
+from specexp.training.tasks import lightning_fit, run_train
+
+
+def test_prior_matches_hand_counts(tmp_path):
+    seqs = [D.Sequence("a", torch.tensor([5, 1, 2, 2, 3]), torch.tensor([0, 0, 1, 1, 1]).bool()),
+            D.Sequence("b", torch.tensor([2, 4, 4, 0]), torch.tensor([0, 1, 1, 1]).bool())]
+    counts = count_assistant_tokens(seqs, 8)
+    assert counts.tolist() == [1, 0, 2, 1, 2, 0, 0, 0]          # prompt tokens (5, 1, the first 2) not counted
+    lp = dels.log_prior_from_counts(counts, 1.0)
+    assert lp.shape == (8,) and math.isclose(float(lp[2]), math.log(3 / (6 + 8)), rel_tol=1e-6)
+    assert math.isclose(float(lp[7]), math.log(1 / 14), rel_tol=1e-6)
+    raw = dels.log_prior_from_counts(counts, 0.0)                  # unseen tokens: the smallest seen log-prob
+    assert math.isclose(float(raw[5]), math.log(1 / 6), rel_tol=1e-6) and float(raw[2]) == pytest.approx(math.log(2 / 6))
+    dels.save_prior(counts, tmp_path, 1.0, {"data": "hand"})
+    assert torch.equal(dels.load_prior(tmp_path, 8, 1.0, "x"), lp)
+    assert torch.allclose(dels.load_prior(tmp_path, 8, 0.5, "x"), dels.log_prior_from_counts(counts, 0.5))
+    assert dels.load_prior(tmp_path, 10, 1.0, "x").shape == (10,)  # padded to a larger vocabulary
+
+
+@pytest.mark.parametrize("kind", ["rnn", "markov"])
+def test_head_memorises_a_sequence_through_the_inference_path(cfg_factory, tiny_target, tmp_path, kind):
+    t = tiny_target
+    g = torch.Generator().manual_seed(0)
+    resp = torch.randperm(3000, generator=g)[:40] + 1000        # distinct tokens: every successor is unique
+    ids = torch.cat([torch.tensor([1, 2, 3]), resp])
+    lm = torch.tensor([0, 0, 0] + [1] * 40).bool()
+    c = dels.LocalHeadConfig(kind, t.hidden_size, t.vocab_size, input_rank=32, gru_hidden=64, output_rank=32)
+    torch.manual_seed(0)
+    head = dels.make_head(c)
+    module = LocalHeadLitModule(head, t, block_size=8, num_anchors=12, gamma=7.0, lr=2e-2, warmup_ratio=0.04,
+                                weight_decay=0.0, seed=0)
+    cfg = cfg_factory("train=smoke", "train.max_steps=90", "train.epochs=1000", "train.ckpt_every=1000")
+    trainer, _, _ = lightning_fit(cfg, module, [{"ids": ids, "loss_mask": lm}], tmp_path, t.device)
+    assert trainer.global_step == 90
+    merged = dels.MergedHead(head, t.embed_tokens.weight, t.lm_head.weight, torch.float32, "cpu")
+    hits = total = 0
+    with torch.no_grad():
+        for a in range(3, len(ids) - 7):                          # zero state at every start, 7 steps
+            state = merged.begin(ids[a])
+            for j in range(1, 8):
+                pred = int((merged.w_out @ merged.feature(state)).argmax())
+                hits, total = hits + (pred == int(ids[a + j])), total + 1
+                state = merged.advance(state, ids[a + j])
+    assert hits / total > 0.9, (hits, total)
+
+
+def test_train_task_writes_head_and_prior_and_evaluates(cfg_factory, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path / "cache"))
+    common = ["data=smoke", f"paths.cache={tmp_path / 'cache'}"]
+    cfg = cfg_factory("task=train", "drafter=dels_rnn", "train=smoke", *common, "drafter.head.train.num_anchors=8",
+                      "drafter.head.gru_hidden=64", "train.eval_after=true", "benchmark=gsm8k",
+                      "eval.num_samples=1", "eval.max_new_tokens=12", f"train.export_dir={tmp_path / 'head'}")
+    card = run_train(cfg, tmp_path / "run")
+    assert card["steps"] == 4 and card["block_size"] == 16 and card["trainable_params"] > 0
+    out = tmp_path / "head"
+    assert {"config.json", "model.safetensors", "log_prior.safetensors", "card.json", "README.md"} <= {
+        p.name for p in out.iterdir()}
+    summary = json.loads((tmp_path / "run" / "eval" / "summary.json").read_text())
+    assert summary["drafter"] == "dels_rnn" and summary["benchmarks"]["gsm8k"]["lossless_mismatches"] == 0
+    # task=prior on the same data gives the same counts as the prior written beside the head.
+    pcfg = cfg_factory("task=prior", *common, f"task.out={tmp_path / 'prior'}")
+    s = run_prior(pcfg, tmp_path / "prior_run")
+    from safetensors.torch import load_file
+
+    assert torch.equal(load_file(out / "log_prior.safetensors")["counts"],
+                       load_file(tmp_path / "prior" / "log_prior.safetensors")["counts"])
+    assert s["tokens"] == card["response_tokens"]
