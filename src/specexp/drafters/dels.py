@@ -33,7 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import UserError, check, one_of
-from ..kernels.fusion import BACKENDS, TritonFusion, fuse_torch, gumbel, pick_backend
+from ..kernels.fusion import BACKENDS, TritonFusion, fuse_torch, fused_logits, gumbel, pick_backend
 from . import dflash
 from .base import LazyDist, Proposal, Sampling
 
@@ -308,7 +308,7 @@ class DeLSDrafter:
     def fused_row(self, long_i: torch.Tensor, z: torch.Tensor, i: int) -> torch.Tensor:
         """The full fused logits of row i `[V]` (protocol B's residual needs the first rejected row)."""
         a, b = (0.0, 0.0) if i == 0 else (self.alpha[i - 1], self.beta[i - 1])
-        return long_i.float() + a * (self.head.w_out.float() @ z.float()) - b * self.log_prior.float()
+        return fused_logits(long_i, z, self.head.w_out, a, b, self.log_prior)
 
     def propose(self, anchor: int, start: int, k: int, sampling: Sampling | None) -> Proposal:
         _, long = self.backbone.block_logits(anchor, start, k)                               # [k, V]

@@ -36,14 +36,20 @@ def gumbel(shape, generator: torch.Generator | None, device) -> torch.Tensor:
     return -torch.log(-torch.log(u))
 
 
+def fused_logits(long, z, w, alpha: float, beta: float, log_prior) -> torch.Tensor:
+    """The formula, materialised: `long + alpha * W z - beta * log_prior` in fp32 `[V]`."""
+    fused = long.float()                                                                        # [V]
+    if beta:
+        fused = fused - beta * log_prior.float()
+    if alpha:
+        fused = torch.addmv(fused, w.float(), z.float(), alpha=alpha)                          # + alpha * W z
+    return fused
+
+
 def fuse_torch(long, z, w, alpha: float, beta: float, log_prior, temperature: float = 0.0,
                noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Reference. Returns `(token [] long, prob [] fp32 | None)`; `noise [V]` = Gumbel noise when sampling."""
-    fused = long.float()                                                                        # [V]
-    if alpha:
-        fused = fused + alpha * (w.float() @ z.float())
-    if beta:
-        fused = fused - beta * log_prior.float()
+    fused = fused_logits(long, z, w, alpha, beta, log_prior)
     if temperature <= 0:
         return fused.argmax(), None
     s = fused / temperature                                                                     # [V]
