@@ -76,3 +76,48 @@ def test_train_task_writes_head_and_prior_and_evaluates(cfg_factory, tmp_path, m
     assert torch.equal(load_file(out / "log_prior.safetensors")["counts"],
                        load_file(tmp_path / "prior" / "log_prior.safetensors")["counts"])
     assert s["tokens"] == card["response_tokens"]
+
+
+def test_learned_fusion_weights_train_and_load(cfg_factory, tiny_target, tmp_path, monkeypatch):
+    """Per-position alpha/beta on frozen parts: the CE of the fused drafts drops, the weights move away from
+    their init, and fusion=learned reads them back into a lossless drafter."""
+    from specexp import registry
+    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
+    from specexp.training.local_heads import FusionWeightsLitModule, run_train_fusion_weights
+
+    t = tiny_target
+    monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path / "cache"))
+    bb = init_weights(DFlashDraftModel(DFlashConfig.for_target(t, 1, 8, None)), 0)
+    bb.save_pretrained(tmp_path / "dflash")
+    c = dels.LocalHeadConfig("rnn", t.hidden_size, t.vocab_size, input_rank=16, gru_hidden=32, output_rank=16)
+    dels.save_head(dels.random_head(c, 0, 0.5), tmp_path / "head")
+    dels.save_prior(torch.ones(t.vocab_size, dtype=torch.long), tmp_path / "head", 1.0, {})
+    parts = ["drafter=dels_rnn", f"drafter.checkpoint={tmp_path / 'dflash'}", "drafter.init=checkpoint",
+             f"drafter.head.checkpoint={tmp_path / 'head'}", "drafter.head.init=checkpoint"]
+    cfg = cfg_factory("task=train", *parts, "drafter.head.train.part=fusion_weights", "train=smoke", "data=smoke",
+                      f"paths.cache={tmp_path / 'cache'}", "drafter.head.train.epochs=5", "train.lr=0.05",
+                      "drafter.head.train.num_anchors=8", f"train.export_dir={tmp_path / 'head'}")
+    w = run_train_fusion_weights(cfg, tmp_path / "run")
+    assert len(w["alpha"]) == len(w["beta"]) == 6 and w["steps"] == 20
+    assert max(abs(a - 0.3) for a in w["alpha"] + w["beta"]) > 0.05
+    from specexp.training.tasks import prepare_sequences
+
+    seqs, _ = prepare_sequences(cfg, t)
+    head, lp = dels.load_head(tmp_path / "head", "h"), dels.load_prior(tmp_path / "head", t.vocab_size, 1.0, "p")
+    losses = []
+    for a, b in ((0.3, 0.3), (w["alpha"], w["beta"])):
+        m = FusionWeightsLitModule(bb, head, lp, t, num_anchors=8, gamma=7.0, alpha=a, beta=b, lr=0,
+                                   warmup_ratio=0, seed=0)
+        with torch.no_grad():
+            losses.append(sum(float(m.fused_loss(s.ids, s.loss_mask, t.forward(
+                s.ids[None], 0, t.new_cache(), taps=bb.config.target_layer_ids)[1][0], i))
+                for i, s in enumerate(seqs)))
+    assert losses[1] < losses[0], losses
+    ecfg = cfg_factory(*parts, "fusion=learned")
+    drafter = registry.build_drafter(ecfg.drafter, t)
+    assert drafter.alpha == pytest.approx(w["alpha"]) and drafter.beta == pytest.approx(w["beta"])
+    from specexp.decoding.engine import DecodeConfig, generate
+
+    ids = t.encode_chat([{"role": "user", "content": "Name three rivers."}])
+    assert generate(t, drafter, ids, DecodeConfig(max_new_tokens=20)).tokens == generate(
+        t, None, ids, DecodeConfig(max_new_tokens=20)).tokens

@@ -38,6 +38,7 @@ from . import dflash
 from .base import LazyDist, Proposal, Sampling
 
 CONFIG_FILE, WEIGHTS_FILE, PRIOR_FILE = "config.json", "model.safetensors", "log_prior.safetensors"
+FUSION_WEIGHTS_FILE = "fusion_weights.json"     # learned per-position alpha/beta (fusion=learned)
 KINDS = ("rnn", "markov")
 ACTIVATIONS = {"silu": F.silu, "identity": lambda x: x}
 
@@ -406,4 +407,14 @@ def build(cfg, target) -> DeLSDrafter:
               f"(hidden {target.hidden_size}, vocab {target.vocab_size})")
         log_prior = load_prior(path, target.vocab_size, cfg.prior.smoothing, where)
     merged = MergedHead(head, target.embed_tokens.weight, target.lm_head.weight, target.dtype, target.device)
-    return DeLSDrafter(backbone, merged, log_prior, fu.alpha, fu.beta, fu.kernel, fu.cuda_graph)
+    alpha, beta = fu.alpha, fu.beta
+    if "learned" in (alpha, beta):
+        check(head_init == "checkpoint", "fusion=learned reads fusion_weights.json beside a trained head; "
+                                         "set drafter.head.checkpoint=DIR")
+        f = path / FUSION_WEIGHTS_FILE
+        check(f.exists(), f"fusion=learned: no {FUSION_WEIGHTS_FILE} in {path} (train it with task=train "
+                          f"drafter={cfg.name} drafter.head.train.part=fusion_weights train.export_dir={path})")
+        learned = json.loads(f.read_text())
+        alpha = learned["alpha"] if alpha == "learned" else alpha
+        beta = learned["beta"] if beta == "learned" else beta
+    return DeLSDrafter(backbone, merged, log_prior, alpha, beta, fu.kernel, fu.cuda_graph)

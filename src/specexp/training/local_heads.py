@@ -135,6 +135,10 @@ PRIOR_NOTE = (f"`{dels.PRIOR_FILE}` = counts of the assistant tokens of the same
 
 def run_train_head(cfg, out_dir) -> dict:
     """`task=train drafter=dels_rnn|dels_markov`: sequences -> Lightning -> head + prior (+ export, + eval)."""
+    part = cfg.drafter.head.train.part
+    if part == "fusion_weights":
+        return run_train_fusion_weights(cfg, out_dir)
+    check(part == "head", f"drafter.head.train.part={part!r} is not valid; choose head or fusion_weights")
     from .tasks import _stage, _target_fingerprint, lightning_fit, peak_memory_mb, prepare_sequences
 
     out_dir = Path(out_dir)
@@ -223,3 +227,111 @@ def run_prior(cfg, out_dir) -> dict:
     write_json(Path(out_dir) / "prior.json", summary)
     print(f"specexp: {summary}", flush=True)
     return summary
+
+
+# ------------------------------------------------------------------------- learned per-position α / β
+FUSION_WEIGHTS_FILE = dels.FUSION_WEIGHTS_FILE
+
+
+class FusionWeightsLitModule(L.LightningModule):
+    """Per-position alpha_k, beta_k (k = draft 2..B-1) trained on top of a frozen DFlash backbone, frozen
+    local head and prior (the paper's learned-weights variant; the runtime's `position_gates`). Blocks and
+    labels as DFlash training (training/anchors.py); the head is teacher forced from a zero state on the
+    ground-truth drafts x_{a+1}, ..., as at inference it starts on draft 1. Loss: the fused logits' CE with
+    weights exp(-(k-1)/gamma), normalised by the weight sum. Target taps are computed online."""
+
+    def __init__(self, backbone, head, log_prior, target, *, num_anchors: int, gamma: float, alpha, beta,
+                 lr: float, warmup_ratio: float, seed: int):
+        super().__init__()
+        n = backbone.config.block_size - 2
+        self.alpha = torch.nn.Parameter(torch.tensor(dels.per_position("alpha", alpha, n)))        # [B-2]
+        self.beta = torch.nn.Parameter(torch.tensor(dels.per_position("beta", beta, n)))           # [B-2]
+        self._frozen = (backbone.requires_grad_(False), head.requires_grad_(False), log_prior, target)
+        self.num_anchors, self.gamma, self.lr, self.warmup_ratio, self.seed = num_anchors, gamma, lr, warmup_ratio, seed
+
+    def fused_loss(self, ids, loss_mask, taps, step: int):
+        from .anchors import build_blocks, dense_mask
+
+        backbone, head, lp, t = self._frozen
+        c, s, dev = backbone.config, ids.numel(), ids.device
+        b = c.block_size
+        g = torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/{step}".encode()))
+        anchors = sample_anchors(loss_mask.cpu(), self.num_anchors, g).to(dev)                    # [n]
+        if anchors.numel() == 0:
+            return None
+        blk = build_blocks(ids, loss_mask, anchors, b, c.mask_token_id, self.gamma)
+        w = blk.weights.view(-1, b)[:, 2:]                                                          # [n, B-2]
+        if not (w > 0).any():
+            return None
+        with torch.no_grad():
+            ctx = backbone.context_kv(taps[None].to(backbone.fc.weight.dtype), torch.arange(s, device=dev)[None])
+            h = backbone(t.embed_tokens(blk.noise_ids)[None], blk.positions[None], ctx, dense_mask(anchors, s, b))
+            long = t.lm_head(h[0].view(-1, b, h.shape[-1])[:, 2:]).float()                        # [n, B-2, V]
+            prev = ids[(anchors[:, None] + 1 + torch.arange(b - 2, device=dev)).clamp(max=s - 1)]   # [n, B-2]
+            short = t.lm_head(head.hidden(t.embed_tokens(prev))).float()                            # [n, B-2, V]
+        fused = long + self.alpha[:, None] * short - self.beta[:, None] * lp.to(dev).float()       # [n, B-2, V]
+        sel = w > 0
+        ce = F.cross_entropy(fused[sel], blk.labels.view(-1, b)[:, 2:][sel], reduction="none")
+        return (ce * w[sel]).sum() / w[sel].sum()
+
+    def training_step(self, batch, batch_idx):
+        t = self._frozen[3]
+        ids, lm = batch["ids"].to(self.device), batch["loss_mask"].to(self.device)
+        with torch.no_grad():
+            _, taps = t.forward(ids[None], 0, t.new_cache(), taps=self._frozen[0].config.target_layer_ids)
+        loss = self.fused_loss(ids, lm, taps[0].clone(), self.global_step)
+        if loss is None:
+            return None
+        self.log("train/loss", loss, prog_bar=True, batch_size=1)
+        self.log_dict({f"train/alpha_k{k + 2}": a for k, a in enumerate(self.alpha.detach())}, batch_size=1)
+        self.log_dict({f"train/beta_k{k + 2}": v for k, v in enumerate(self.beta.detach())}, batch_size=1)
+        return loss
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW([self.alpha, self.beta], lr=self.lr, weight_decay=0.0)
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_with_warmup(s, total, self.warmup_ratio))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def run_train_fusion_weights(cfg, out_dir) -> dict:
+    """`task=train drafter=dels_* drafter.head.train.part=fusion_weights`: learn per-position alpha/beta
+    for the configured (trained) backbone and head; writes fusion_weights.json beside the head when
+    `train.export_dir` is the head's directory, else into the run directory. Use with `fusion=learned`."""
+    from ..drafters.dflash import DFlashDraftModel, resolve_checkpoint
+    from .tasks import _stage, lightning_fit, peak_memory_mb, prepare_sequences
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    d, tc = cfg.drafter, cfg.train
+    check(bool(d.get("checkpoint")) and bool(d.head.get("checkpoint")),
+          "drafter.head.train.part=fusion_weights needs trained parts: drafter.checkpoint=DIR and "
+          "drafter.head.checkpoint=DIR")
+    target = registry.build_target(cfg.target, resolve_device(cfg.device))
+    bpath, hpath = resolve_checkpoint(str(d.checkpoint)), resolve_checkpoint(str(d.head.checkpoint))
+    backbone = DFlashDraftModel.from_pretrained(bpath, dtype=target.dtype, device=target.device)
+    head = dels.load_head(hpath, f"drafter.head.checkpoint={str(d.head.checkpoint)!r}").to(target.device, target.dtype)
+    lp = dels.load_prior(hpath, target.vocab_size, d.prior.smoothing, str(hpath))
+    seqs, data_hash = prepare_sequences(cfg, target)
+    fu = OmegaConf.to_container(cfg.fusion, resolve=True)
+    gamma = d.head.train.gamma
+    run_dir = _stage(cfg, "fusion", {"data": data_hash, "backbone": str(bpath), "head": str(hpath),
+                                     "init": [fu["alpha"], fu["beta"]], "anchors": d.head.train.num_anchors,
+                                     "epochs": d.head.train.epochs, "lr": tc.lr, "seed": tc.seed})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    module = FusionWeightsLitModule(backbone, head, lp, target, num_anchors=d.head.train.num_anchors, gamma=gamma,
+                                    alpha=fu["alpha"], beta=fu["beta"], lr=tc.lr, warmup_ratio=tc.warmup_ratio,
+                                    seed=tc.seed)
+    trainer, seconds, _ = lightning_fit(OmegaConf.merge(cfg, {"train": {"epochs": d.head.train.epochs}}), module,
+                                        _TokenSequences(seqs), run_dir, target.device)
+    weights = {"alpha": [round(float(x), 6) for x in module.alpha.detach()],
+               "beta": [round(float(x), 6) for x in module.beta.detach()],
+               "init": {"alpha": fu["alpha"], "beta": fu["beta"]}, "steps": trainer.global_step,
+               "train_seconds": seconds, "peak_memory_mb": peak_memory_mb(target.device), "data_hash": data_hash,
+               "final_loss": float(trainer.logged_metrics.get("train/loss", float("nan"))),
+               "command": "python -m specexp " + " ".join(sys.argv[1:])}
+    dest = Path(tc.export_dir) if tc.export_dir else run_dir
+    write_json(dest / FUSION_WEIGHTS_FILE, weights)
+    write_json(out_dir / FUSION_WEIGHTS_FILE, weights)
+    print(json.dumps(weights, indent=1))
+    return weights

@@ -1,0 +1,95 @@
+"""Per-block cost of the DeLS-Spec sequential head loop (K-1 fused positions after DFlash's first draft) at
+Qwen3-8B shapes with random weights: eager torch vs eager Triton vs CUDA graph + Triton (and + torch).
+Checks that every variant drafts the same tokens. Prints a markdown table; never imported by the library.
+
+    python experiments/bench_dels_head_loop.py                      # GPU: V=151936, H=4096, K=15, bf16
+    python experiments/bench_dels_head_loop.py --device cpu --vocab 49152 --hidden 576 --iters 20   # CPU smoke
+"""
+import argparse
+import statistics
+import time
+
+import torch
+
+from specexp.drafters import dels
+
+
+class _NoBackbone:
+    max_drafts, tap_layers = 15, ()
+
+
+def make(kind, V, H, K, dtype, device, backend, graph, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    c = dels.LocalHeadConfig(kind, H, V)                               # reference sizes: 256 / 1024 / 256
+    head = dels.random_head(c, seed, 0.02)
+    embed = (torch.randn(V, H, generator=g) * 0.02).to(device, dtype)
+    lm = (torch.randn(V, H, generator=g) * 0.02).to(device, dtype)
+    merged = dels.MergedHead(head, embed, lm, dtype, device)
+    lp = torch.log_softmax(torch.randn(V, generator=g), 0)
+    bb = _NoBackbone()
+    bb.max_drafts = K
+    return dels.DeLSDrafter(bb, merged, lp, 0.3, 0.3, backend, graph)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench(drafter, long, iters, warmup=3):
+    device, K = long.device, long.shape[0]
+    bufs = (torch.empty(K, dtype=torch.long, device=device), torch.empty(K, device=device),
+            torch.empty(K, drafter.head.rank, dtype=drafter.zero_z.dtype, device=device))
+
+    def once():
+        if drafter.graphs is not None:
+            return drafter._replay(long, 0.0, None)[0]
+        with torch.inference_mode():
+            drafter.draft(long, *bufs)
+        return bufs[0]
+
+    for _ in range(warmup):
+        once()
+    times = []
+    for _ in range(iters):
+        sync(device)
+        t0 = time.perf_counter()
+        tokens = once()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3, tokens.clone()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--drafts", type=int, default=15, help="K: drafts per block (b16 unshifted: 15)")
+    ap.add_argument("--iters", type=int, default=200)
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    long = (torch.randn(args.drafts, args.vocab) * 3).to(device, dtype)            # DFlash logits [K, V]
+    variants = [("eager", "torch", False)]
+    if device.type == "cuda":
+        variants += [("eager", "triton", False), ("CUDA graph", "torch", True), ("CUDA graph", "triton", True)]
+    print(f"DeLS head loop per block: V={args.vocab}, H={args.hidden}, K={args.drafts}, {dtype}, "
+          f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}; median of {args.iters}\n")
+    print("| head | loop | fusion | ms / block | µs / position | speedup vs eager torch | same tokens |")
+    print("|---|---|---|---:|---:|---:|:---:|")
+    for kind in ("rnn", "markov"):
+        base = ref = None
+        for loop, backend, graph in variants:
+            d = make(kind, args.vocab, args.hidden, args.drafts, dtype, device, backend, graph)
+            ms, tokens = bench(d, long, args.iters)
+            base, ref = (ms, tokens) if base is None else (base, ref)
+            same = "yes" if torch.equal(tokens, ref) else "NO"
+            print(f"| {kind} | {loop} | {backend} | {ms:.3f} | {ms * 1e3 / args.drafts:.1f} | {base / ms:.2f}× | {same} |")
+            del d
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""DeLS-Spec paper Figure 2: τ over the α/β grid of a sweep, as three panels (PNG) and a markdown table.
+Reads DIR/*/summary.json + config.yaml of a Hydra multirun; never imported by the library.
+
+    python -m specexp -m --config-dir sweeps --config-name dels_alpha_beta     # -> multirun/dels_alpha_beta
+    python experiments/dels_alpha_beta.py multirun/dels_alpha_beta [--metric tau|speedup]
+
+Writes into DIR: alpha_beta.png (heatmap of macro τ; row-normalised: τ / best τ of the same α;
+best β per α with its τ) and alpha_beta.md (the grid as a table, the best cell marked).
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def load(sweep: Path, metric: str) -> dict[tuple[float, float], float]:
+    grid = {}
+    for d in sorted(p for p in sweep.iterdir() if (p / "summary.json").exists()):
+        fusion = yaml.safe_load((d / "config.yaml").read_text())["fusion"]
+        s = json.loads((d / "summary.json").read_text())
+        value = s["macro"][metric]
+        if value is not None and not isinstance(fusion["alpha"], list):
+            grid[(float(fusion["alpha"]), float(fusion["beta"]))] = float(value)
+    return grid
+
+
+def table(grid, alphas, betas, metric: str, title: str) -> str:
+    best = max(grid, key=grid.get)
+    lines = [f"# {title}", "", f"macro {metric} by α (rows) and β (columns); **bold** = best; – = not run", "",
+             "| α \\ β | " + " | ".join(f"{b:g}" for b in betas) + " |", "|---|" + "---:|" * len(betas)]
+    for a in alphas:
+        cells = []
+        for b in betas:
+            v = grid.get((a, b))
+            cells.append("–" if v is None else (f"**{v:.3f}**" if (a, b) == best else f"{v:.3f}"))
+        lines.append(f"| {a:g} | " + " | ".join(cells) + " |")
+    lines += ["", f"best: α={best[0]:g}, β={best[1]:g}, {metric} {grid[best]:.3f}"]
+    if (0.0, 0.0) in grid:
+        lines.append(f"α=β=0 (DFlash's own drafts): {metric} {grid[(0.0, 0.0)]:.3f}")
+    return "\n".join(lines) + "\n"
+
+
+def figure(grid, alphas, betas, metric: str, title: str, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    m = np.full((len(alphas), len(betas)), np.nan)
+    for i, a in enumerate(alphas):
+        for j, b in enumerate(betas):
+            m[i, j] = grid.get((a, b), np.nan)
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4.4))
+    for k, (data, name) in enumerate([(m, f"macro {metric}"), (m / np.nanmax(m, axis=1, keepdims=True),
+                                                               f"{metric} / best of the row")]):
+        im = ax[k].imshow(data, origin="lower", cmap="viridis", aspect="auto")
+        ax[k].set_xticks(range(len(betas)), [f"{b:g}" for b in betas])
+        ax[k].set_yticks(range(len(alphas)), [f"{a:g}" for a in alphas])
+        ax[k].set_xlabel("β (prior)")
+        ax[k].set_ylabel("α (local head)")
+        ax[k].set_title(name)
+        for i in range(len(alphas)):
+            for j in range(len(betas)):
+                if not np.isnan(data[i, j]):
+                    ax[k].text(j, i, f"{data[i, j]:.3f}", ha="center", va="center", color="w", fontsize=8)
+        fig.colorbar(im, ax=ax[k])
+    best_b = [betas[int(np.nanargmax(row))] if not np.all(np.isnan(row)) else np.nan for row in m]
+    ax[2].plot(alphas, best_b, "o-", label="best β")
+    ax[2].set_xlabel("α")
+    ax[2].set_ylabel("best β")
+    tw = ax[2].twinx()
+    tw.plot(alphas, np.nanmax(m, axis=1), "s--", color="tab:orange", label=f"{metric} at best β")
+    tw.set_ylabel(f"macro {metric} at best β")
+    ax[2].set_title("best β per α")
+    fig.legend(loc="lower right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sweep", type=Path)
+    ap.add_argument("--metric", default="tau", choices=["tau", "speedup"])
+    args = ap.parse_args(argv)
+    grid = load(args.sweep, args.metric)
+    if not grid:
+        sys.exit(f"{args.sweep}: no finished runs with a scalar α/β and a {args.metric} (summary.json + config.yaml)")
+    alphas, betas = sorted({a for a, _ in grid}), sorted({b for _, b in grid})
+    first = next(p for p in sorted(args.sweep.iterdir()) if (p / "summary.json").exists())
+    s = json.loads((first / "summary.json").read_text())
+    title = (f"DeLS-Spec α/β grid: {s['drafter']} on {s['target']}, {s['decoding']['protocol']}, "
+             f"{len(s['benchmarks'])} benchmarks, {s['max_new_tokens']} new tokens")
+    (args.sweep / "alpha_beta.md").write_text(table(grid, alphas, betas, args.metric, title))
+    figure(grid, alphas, betas, args.metric, title, args.sweep / "alpha_beta.png")
+    print((args.sweep / "alpha_beta.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
