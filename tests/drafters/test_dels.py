@@ -196,3 +196,32 @@ def test_head_checkpoint_round_trips(tmp_path):
         assert back.config == c
         assert all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), back.state_dict().values()))
         assert (tmp_path / kind / "config.json").exists() and not list((tmp_path / kind).glob("*.tmp"))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_graph_replay_path_on_cpu(monkeypatch, backend):
+    """The CUDA-graph path's buffer handling (static inputs, k < K, fresh outputs per call), with the capture
+    replaced by a plain call of the same body: it must draft exactly what the eager loop drafts."""
+    from specexp.kernels import graphs
+
+    class Eager:
+        def __init__(self, body):
+            self.body = body
+
+        def __call__(self):
+            with torch.inference_mode():
+                self.body()
+
+    monkeypatch.setattr(graphs, "GraphedLoop", Eager)
+    V, K = 300, 6
+    g = torch.Generator().manual_seed(5)
+    head, embed, lm = _head("rnn", V)
+    merged = dels.MergedHead(head, embed, lm, torch.float32, "cpu")
+    table, lp = torch.randn(V, V, generator=g) * 2, torch.log_softmax(torch.randn(V, generator=g), 0)
+    eager = dels.DeLSDrafter(_Backbone(table, K), merged, lp, 0.8, 0.3, backend, False)
+    graphed = dels.DeLSDrafter(_Backbone(table, K), merged, lp, 0.8, 0.3, backend, False)
+    graphed.graphs = {}
+    for anchor, k in ((3, 6), (7, 2), (3, 6), (11, 1)):
+        a, b = eager.propose(anchor, 0, k, None).tokens, graphed.propose(anchor, 0, k, None).tokens
+        assert a.shape == (k,) and torch.equal(a, b), (anchor, k)
+    assert list(graphed.graphs) == [0.0]                       # captured once, replayed for every block
