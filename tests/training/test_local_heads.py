@@ -53,6 +53,19 @@ def test_head_memorises_a_sequence_through_the_inference_path(cfg_factory, tiny_
                 hits, total = hits + (pred == int(ids[a + j])), total + 1
                 state = merged.advance(state, ids[a + j])
     assert hits / total > 0.9, (hits, total)
+    # The trained head inside a DeLS drafter stays lossless (greedy == AR).
+    from specexp.decoding.engine import DecodeConfig, generate
+
+    drafter = dels.DeLSDrafter(registry_dflash(cfg_factory, t), merged, torch.zeros(t.vocab_size), 2.0, 0.0)
+    prompt = t.encode_chat([{"role": "user", "content": "Continue the list."}])
+    assert generate(t, drafter, prompt, DecodeConfig(max_new_tokens=24)).tokens == generate(
+        t, None, prompt, DecodeConfig(max_new_tokens=24)).tokens
+
+
+def registry_dflash(cfg_factory, t):
+    from specexp import registry
+
+    return registry.build_drafter(cfg_factory().drafter, t)
 
 
 def test_train_task_writes_head_and_prior_and_evaluates(cfg_factory, tmp_path, monkeypatch):

@@ -225,12 +225,16 @@ class MergedHead:
         n = torch.tanh(i_n + r * h_n)
         return (1 - z) * n if h is None else (1 - z) * n + z * h                        # [G]
 
+    def _row(self, token: torch.Tensor) -> torch.Tensor:
+        # index_select, not table[token]: a 0-d tensor index is read on the host, which a CUDA graph forbids
+        return self.in_table.index_select(0, token.view(1))[0]                           # [r_in]
+
     def begin(self, token: torch.Tensor) -> torch.Tensor:
-        x = self.in_table[token]
+        x = self._row(token)
         return self._gru(x, None) if self.kind == "rnn" else x
 
     def advance(self, state: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-        x = self.in_table[token]
+        x = self._row(token)
         return self._gru(x, state) if self.kind == "rnn" else x
 
     def feature(self, state: torch.Tensor) -> torch.Tensor:
@@ -239,7 +243,8 @@ class MergedHead:
 
 def per_position(name: str, value, n: int) -> list[float]:
     """A scalar or a list of n = K-1 weights (entry i-1 for draft i+1), each finite."""
-    vals = list(value) if isinstance(value, (list, tuple)) or hasattr(value, "__len__") else [value] * n
+    listlike = not isinstance(value, str) and hasattr(value, "__len__")         # list, tuple, ListConfig
+    vals = list(value) if listlike else [value] * n
     check(len(vals) == n, f"fusion.{name}={list(vals)}: expected a number or a list of {n} (one per draft 2..{n + 1})")
     for v in vals:
         check(isinstance(v, (int, float)) and math.isfinite(v),
@@ -315,7 +320,8 @@ class DeLSDrafter:
         _, long = self.backbone.block_logits(anchor, start, k)                               # [k, V]
         temperature = sampling.temperature if sampling is not None else 0.0
         generator = sampling.generator if sampling is not None else None
-        if self.graphs is not None:
+        # Sampling inside a graph needs the kernel's own Philox stream (a torch generator is not captured).
+        if self.graphs is not None and (temperature == 0 or self.kernel is not None):
             tokens, probs, zs = self._replay(long, temperature, generator)
         else:
             dev = long.device

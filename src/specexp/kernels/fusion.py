@@ -54,7 +54,7 @@ def fuse_torch(long, z, w, alpha: float, beta: float, log_prior, temperature: fl
         return fused.argmax(), None
     s = fused / temperature                                                                     # [V]
     token = (s + noise).argmax()
-    return token, torch.exp(s[token] - torch.logsumexp(s, 0))
+    return token, torch.exp(s.gather(0, token.view(1))[0] - torch.logsumexp(s, 0))
 
 
 if triton is not None:
@@ -125,13 +125,14 @@ class TritonFusion:
             float(alpha), float(beta), 1.0 / temperature if sample else 1.0, int(seed_add), self.V,
             R=r, BLOCK=self.block, BLOCK_R=min(64, triton.next_power_of_2(r)),
             SAMPLE=sample, HAS_NOISE=noise is not None)
-        t = self.best.argmax()                               # the first tile holding the maximum
-        token = self.tok[t].clone()                          # a view would change with the next call
+        # gather, not tok[t]: a 0-d tensor index is read on the host, which a CUDA graph forbids
+        t = self.best.argmax().view(1)                       # the first tile holding the maximum
+        token = self.tok.gather(0, t)[0]
         if not sample:
             return token, None
         m = self.tmax.max()
         log_z = m + torch.log((self.tsum * torch.exp(self.tmax - m)).sum())
-        return token, torch.exp(self.sbest[t] - log_z)
+        return token, torch.exp(self.sbest.gather(0, t)[0] - log_z)
 
 
 def pick_backend(backend: str, device: torch.device) -> str:
