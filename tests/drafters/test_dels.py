@@ -117,25 +117,27 @@ def test_fusion_loop_equals_the_formula(kind):
 
 
 def _dist_test(backend, n_runs):
-    """χ² of generated sequences against the toy target's exact distribution; protocol B, fused drafts."""
+    """χ² of the first 4 generated tokens against the toy target's exact distribution; protocol B. With
+    3 drafts per block and 5 new tokens, the first block drafts 3 tokens, 2 of them fused."""
     import itertools
 
-    V, steps, T = 4, 3, 0.8
+    V, steps, T = 3, 4, 0.8
     g = torch.Generator().manual_seed(0)
     target_table = torch.randn(V, V, generator=g) * 1.5
     draft_table = target_table + torch.randn(V, V, generator=g) * 1.5
     head, embed, lm = _head("rnn", V, seed=1)
     merged = dels.MergedHead(head, embed, lm, torch.float32, "cpu")
     lp = torch.log_softmax(torch.randn(V, generator=g), 0)
-    drafter = dels.DeLSDrafter(_Backbone(draft_table, 3), merged, lp, 0.7, 0.4, backend, False)
+    drafter = dels.DeLSDrafter(_Backbone(draft_table, 3), merged, lp, [0.7, 1.2], [0.4, 0.1], backend, False)
     target = ToyTarget(target_table)
-    dc = DecodeConfig(protocol="B", temperature=T, max_new_tokens=steps)
+    dc = DecodeConfig(protocol="B", temperature=T, max_new_tokens=steps + 1)
     gen = torch.Generator().manual_seed(1234)
-    counts, accepted = {}, 0
+    counts, deep = {}, 0
     for _ in range(n_runs):
         out = generate(target, drafter, [0], dc, gen)
-        counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
-        accepted += sum(a - 1 for a in out.accept_lengths)
+        assert out.drafted[0] == 3
+        counts[tuple(out.tokens[:steps])] = counts.get(tuple(out.tokens[:steps]), 0) + 1
+        deep += out.accept_lengths[0] >= 3                      # the fused drafts 2 (and 3) were accepted
     p = torch.softmax(target_table.double() / T, -1)
     probs = {}
     for seq in itertools.product(range(V), repeat=steps):
@@ -144,18 +146,18 @@ def _dist_test(backend, n_runs):
             pr, prev = pr * float(p[prev, tok]), tok
         probs[seq] = pr
     keys = sorted(probs)
-    return chisquare([counts.get(s, 0) for s in keys], [probs[s] * n_runs for s in keys]).pvalue, accepted
+    return chisquare([counts.get(s, 0) for s in keys], [probs[s] * n_runs for s in keys]).pvalue, deep
 
 
 def test_protocol_b_with_fused_drafts_keeps_the_target_distribution():
-    pvalue, accepted = _dist_test("torch", 6000)
-    assert accepted > 6000 // 4 and pvalue > 1e-3, (pvalue, accepted)
+    pvalue, deep = _dist_test("torch", 6000)
+    assert deep > 6000 // 10 and pvalue > 1e-3, (pvalue, deep)
 
 
 def test_protocol_b_through_the_triton_kernel_keeps_the_target_distribution():
     """The kernel's own Philox sampling and reported probabilities (TRITON_INTERPRET=1 on CPU)."""
-    pvalue, accepted = _dist_test("triton", 1500)
-    assert accepted > 1500 // 4 and pvalue > 1e-3, (pvalue, accepted)
+    pvalue, deep = _dist_test("triton", 600)
+    assert deep > 600 // 10 and pvalue > 1e-3, (pvalue, deep)
 
 
 def test_bad_fusion_weights_and_heads_are_one_line_errors(cfg_factory, tiny_target, tmp_path):
@@ -185,6 +187,12 @@ def test_bad_fusion_weights_and_heads_are_one_line_errors(cfg_factory, tiny_targ
         build(cfg_factory, t, "rnn", "drafter.head.init=checkpoint", f"drafter.head.checkpoint={tmp_path / 'r'}")
     with pytest.raises(UserError, match="needs a CUDA device"):
         build(cfg_factory, t, "rnn", "fusion.cuda_graph=true")
+    # A trained (here: saved) DFlash without a head is refused rather than paired with a random head.
+    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
+
+    init_weights(DFlashDraftModel(DFlashConfig.for_target(t, 1, 16, None)), 0).save_pretrained(tmp_path / "dflash")
+    with pytest.raises(UserError, match="no DeLS head for target tiny_qwen3"):
+        build(cfg_factory, t, "rnn", "drafter.init=auto", f"drafter.checkpoint={tmp_path / 'dflash'}")
 
 
 def test_head_checkpoint_round_trips(tmp_path):
@@ -225,6 +233,15 @@ def test_graph_replay_path_on_cpu(monkeypatch, backend):
         a, b = eager.propose(anchor, 0, k, None).tokens, graphed.propose(anchor, 0, k, None).tokens
         assert a.shape == (k,) and torch.equal(a, b), (anchor, k)
     assert list(graphed.graphs) == [0.0]                       # captured once, replayed for every block
+    if backend == "triton":                                    # sampled: same seeds, same draws and probabilities
+        from specexp.drafters.base import Sampling
+
+        ga, gb = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+        for anchor, k in ((3, 6), (5, 4), (8, 6)):
+            a, b = eager.propose(anchor, 0, k, Sampling(0.9, ga)), graphed.propose(anchor, 0, k, Sampling(0.9, gb))
+            assert torch.equal(a.tokens, b.tokens) and torch.equal(a.q.token_probs, b.q.token_probs)
+            torch.testing.assert_close(a.q.row(k - 1), b.q.row(k - 1))
+        assert sorted(graphed.graphs) == [0.0, 0.9]
 
 
 @pytest.mark.slow

@@ -41,21 +41,28 @@ def test_kernel_reads_bf16_inputs():
 
 
 def test_kernel_sampler_follows_the_fused_distribution():
-    V, n = 6, 1200
+    """Mass on a few tokens in different tiles (V = 2500: three tiles of 1024), the rest in one bucket."""
+    V, n, hot = 2500, 400, [3, 1030, 1500, 2080, 2499]
     long, z, w, lp, g = case(V, 4, 7)
+    long = long - 8.0
+    long[hot] += torch.tensor([9.0, 8.5, 8.0, 9.5, 7.5])
     k = TritonFusion(V, "cpu")
-    counts = torch.zeros(V)
-    probs = torch.zeros(V)
+    counts, probs = torch.zeros(V), torch.zeros(V)
     for _ in range(n):
         k.reseed(g)
         tok, p = k(long, z, w, 0.5, 0.2, lp, 1.3)
         counts[tok] += 1
         probs[tok] = p
-    fused = long + 0.5 * (w @ z) - 0.2 * lp
-    q = torch.softmax(fused / 1.3, 0)
-    assert chisquare(counts.numpy(), (q * n).numpy()).pvalue > 1e-3
+    q = torch.softmax((long + 0.5 * (w @ z) - 0.2 * lp) / 1.3, 0)
+    obs = [*counts[hot].tolist(), n - counts[hot].sum().item()]
+    exp = [*(q[hot] * n).tolist(), (1 - q[hot].sum().item()) * n]
+    assert chisquare(obs, exp).pvalue > 1e-3, (obs, exp)
     seen = counts > 0
     torch.testing.assert_close(probs[seen], q[seen], rtol=1e-5, atol=1e-7)     # the reported probability
+    # One seed, different positions of a block (seed_add): independent streams, not the same draw.
+    k.seed.fill_(12345)
+    draws = {int(k(long, z, w, 0.5, 0.2, lp, 1.3, seed_add=i)[0]) for i in range(12)}
+    assert len(draws) > 1
 
 
 def test_backend_choice():

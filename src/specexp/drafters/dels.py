@@ -384,17 +384,18 @@ def head_config(cfg, target) -> LocalHeadConfig:
 
 def build(cfg, target) -> DeLSDrafter:
     """From the `drafter` config group (dels_rnn / dels_markov): the DFlash backbone exactly as `drafter=dflash`
-    builds it (`init`), the local head and its prior by `head.init` (auto = random when `init=random`, else
-    the head checkpoint when one is set, else random), fusion weights from `fusion`."""
+    builds it (`init`), the local head and its prior by `head.init` (auto = random with a random backbone,
+    else the head checkpoint, which must then be set), fusion weights from `fusion`."""
     fu = cfg.fusion
     one_of("fusion.kernel", fu.kernel, BACKENDS)
     one_of("fusion.cuda_graph", fu.cuda_graph, ("auto", True, False))
     head_init, head_ckpt = cfg.head.init, cfg.head.get("checkpoint")
     if head_init == "auto":
-        head_init = "checkpoint" if (head_ckpt and cfg.init != "random") else "random"
-        if head_init == "random" and cfg.init != "random":
-            print(f"specexp: no DeLS head for target {target.name}: using a random-init local head; train one with "
-                  f"task=train drafter={cfg.name}, or pass drafter.head.checkpoint=DIR", flush=True)
+        random_backbone = cfg.init == "random" or (cfg.init == "auto" and not cfg.get("checkpoint"))
+        check(bool(head_ckpt) or random_backbone,
+              f"no DeLS head for target {target.name}: train one with task=train drafter={cfg.name} and pass "
+              f"drafter.head.checkpoint=DIR (drafter.head.init=random runs a random head: τ then means nothing)")
+        head_init = "random" if random_backbone else "checkpoint"
     one_of("drafter.head.init", head_init, ("random", "checkpoint"))
     backbone = dflash.build(cfg, target)
     if head_init == "random":

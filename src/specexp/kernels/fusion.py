@@ -75,7 +75,7 @@ if triton is not None:
             acc += tl.sum(wt * zr[None, :], axis=1)
         lg = tl.load(long_ptr + offs, mask=valid, other=0.0).to(tl.float32)
         lp = tl.load(lp_ptr + offs, mask=valid, other=0.0).to(tl.float32)
-        fused = lg + alpha * acc - beta * lp
+        fused = (lg - beta * lp) + alpha * acc           # the order of fused_logits (same rounding)
         if SAMPLE:
             s = tl.where(valid, fused * inv_t, float("-inf"))
             if HAS_NOISE:
