@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from helpers import ToyTarget
+from helpers import ToyTarget, _Stateless
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters import dels
@@ -57,23 +57,12 @@ def test_zero_weights_reproduce_dflash_drafts(cfg_factory, tiny_target):
                 assert torch.equal(drafter.propose(anchor, len(ids), k, None).tokens, expect)
 
 
-class _Backbone:
+class _Backbone(_Stateless):
     """Hand-made long logits: row i of every block is `table[anchor] + i * shift` (a parallel drafter)."""
-
-    tap_layers = ()
 
     def __init__(self, table, k, shift=None):
         self.table, self.max_drafts = table, k
         self.shift = torch.zeros(table.shape[1]) if shift is None else shift
-
-    def reset(self):
-        pass
-
-    def prefill(self, taps):
-        pass
-
-    def commit(self, n, taps):
-        pass
 
     def block_logits(self, anchor, start, k):
         return None, self.table[anchor][None] + torch.arange(k)[:, None] * self.shift      # [k, V]
