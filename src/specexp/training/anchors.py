@@ -86,3 +86,12 @@ def cosine_with_warmup(step: int, total: int, warmup_ratio: float) -> float:
     if step < warm:
         return (step + 1) / warm
     return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
+
+
+def adamw_cosine(params, trainer, lr: float, weight_decay: float, warmup_ratio: float) -> dict:
+    """The recipe's optimizer for every trainable part: AdamW (0.9, 0.999, eps 1e-8), linear warm-up then
+    cosine to 0, stepped per optimizer step; Lightning's `configure_optimizers` return value."""
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=weight_decay)
+    total = max(1, int(trainer.estimated_stepping_batches))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_with_warmup(s, total, warmup_ratio))
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

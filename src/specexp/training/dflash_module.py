@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..drafters.dflash import DFlashDraftModel
-from .anchors import build_blocks, cosine_with_warmup, dense_mask, flex_mask, leading_correct, sample_anchors
+from .anchors import adamw_cosine, build_blocks, dense_mask, flex_mask, leading_correct, sample_anchors
 
 
 class DFlashLitModule(L.LightningModule):
@@ -74,8 +74,4 @@ class DFlashLitModule(L.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        opt = torch.optim.AdamW(self.model.parameters(), lr=self.lr, betas=(0.9, 0.999), eps=1e-8,
-                                weight_decay=self.weight_decay)
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_with_warmup(s, total, self.warmup_ratio))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return adamw_cosine(self.model.parameters(), self.trainer, self.lr, self.weight_decay, self.warmup_ratio)

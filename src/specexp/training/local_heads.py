@@ -24,7 +24,7 @@ from ..drafters import dels
 from ..errors import check
 from ..targets import resolve_device
 from ..tracking import write_json
-from .anchors import cosine_with_warmup, sample_anchors
+from .anchors import adamw_cosine, sample_anchors
 
 
 class LocalHeadLitModule(L.LightningModule):
@@ -85,11 +85,7 @@ class LocalHeadLitModule(L.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        opt = torch.optim.AdamW(self.head.parameters(), lr=self.lr, betas=(0.9, 0.999), eps=1e-8,
-                                weight_decay=self.weight_decay)
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_with_warmup(s, total, self.warmup_ratio))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return adamw_cosine(self.head.parameters(), self.trainer, self.lr, self.weight_decay, self.warmup_ratio)
 
 
 def count_assistant_tokens(seqs, vocab_size: int) -> torch.Tensor:
@@ -288,10 +284,7 @@ class FusionWeightsLitModule(L.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        opt = torch.optim.AdamW([self.alpha, self.beta], lr=self.lr, weight_decay=0.0)
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_with_warmup(s, total, self.warmup_ratio))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return adamw_cosine([self.alpha, self.beta], self.trainer, self.lr, 0.0, self.warmup_ratio)
 
 
 def run_train_fusion_weights(cfg, out_dir) -> dict:
