@@ -39,13 +39,13 @@ def sync(device):
 def bench(drafter, long, iters, warmup=3):
     device, K = long.device, long.shape[0]
     bufs = (torch.empty(K, dtype=torch.long, device=device), torch.empty(K, device=device),
-            torch.empty(K, drafter.head.rank, dtype=drafter.zero_z.dtype, device=device))
+            torch.empty(K, drafter.rank, dtype=drafter.zero_z.dtype, device=device))
 
     def once():
         if drafter.graphs is not None:
-            return drafter._replay(long, 0.0, None)[0]
+            return drafter._replay({"long": long}, 0.0, None)[0]
         with torch.inference_mode():
-            drafter.draft(long, *bufs)
+            drafter.draft({"long": long}, *bufs)
         return bufs[0]
 
     for _ in range(warmup):

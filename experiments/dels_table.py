@@ -45,11 +45,12 @@ def tau_table(runs: list[Path]) -> str:
 def cost_table(cards: list[Path]) -> str:
     lines = ["Training cost of the trained parts (card.json; peak memory = CUDA allocator peak on GPU, process max "
              "RSS on CPU)", "", "| part | trainable params | steps | time | peak memory |", "|---|---:|---:|---:|---:|"]
-    for c in cards:
-        card = json.loads((c / "card.json").read_text())
-        kind = card.get("head", {}).get("kind", "dflash")
+    for c in cards:                                   # a checkpoint directory or a card.json itself
+        card = json.loads((c / "card.json" if c.is_dir() else c).read_text())
+        head = card.get("head", {})
+        kind = head.get("kind") or ("domino" if head.get("architecture") == "domino_head" else "dflash")
         params = card.get("trainable_params")
-        lines.append(f"| {c.name} ({kind}) | {'–' if params is None else f'{params:,}'} | {card['steps']} | "
+        lines.append(f"| {c.name if c.is_dir() else c.stem} ({kind}) | {'–' if params is None else f'{params:,}'} | {card['steps']} | "
                      f"{card['train_seconds'] / 60:.1f} min | {card['peak_memory_mb'] / 1024:.2f} GiB |")
     return "\n".join(lines) + "\n"
 

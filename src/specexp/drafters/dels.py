@@ -33,9 +33,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import UserError, check, one_of
-from ..kernels.fusion import BACKENDS, TritonFusion, fuse_torch, fused_logits, gumbel, pick_backend
+from ..kernels.fusion import BACKENDS
 from . import dflash
-from .base import LazyDist, Proposal, Sampling
+from .sequential import SequentialDrafter
 
 CONFIG_FILE, WEIGHTS_FILE, PRIOR_FILE = "config.json", "model.safetensors", "log_prior.safetensors"
 FUSION_WEIGHTS_FILE = "fusion_weights.json"     # learned per-position alpha/beta (fusion=learned)
@@ -253,110 +253,28 @@ def per_position(name: str, value, n: int) -> list[float]:
 
 
 # ----------------------------------------------------------------------------------------- the drafter
-class DeLSDrafter:
-    """DFlash long logits + local head + prior, fused position by position (see the module docstring)."""
+class DeLSDrafter(SequentialDrafter):
+    """DFlash long logits + local head + prior, fused position by position (see the module docstring; the
+    loop, kernels and CUDA graph are drafters/sequential.py)."""
 
     def __init__(self, backbone: dflash.DFlashDrafter, head: MergedHead, log_prior: torch.Tensor,
                  alpha, beta, backend: str = "auto", cuda_graph: str | bool = "auto"):
-        self.backbone, self.head = backbone, head
-        self.name = f"dels_{head.kind}"
-        self.max_drafts, self.tap_layers = backbone.max_drafts, backbone.tap_layers
-        n = max(self.max_drafts - 1, 0)
-        self.alpha, self.beta = per_position("alpha", alpha, n), per_position("beta", beta, n)
-        dev = head.w_out.device
-        self.log_prior = log_prior.to(device=dev, dtype=head.w_out.dtype)                   # [V]
-        self.backend = pick_backend(backend, dev)
-        self.kernel = TritonFusion(self.log_prior.numel(), dev) if self.backend == "triton" else None
-        self.zero_z = torch.zeros(head.rank, device=dev, dtype=head.w_out.dtype)
-        use_graph = dev.type == "cuda" if cuda_graph == "auto" else bool(cuda_graph)
-        check(not use_graph or dev.type == "cuda", "fusion.cuda_graph=true needs a CUDA device")
-        self.graphs: dict = {} if use_graph else None
+        n = max(backbone.max_drafts - 1, 0)
+        super().__init__(backbone, head.w_out, log_prior, per_position("alpha", alpha, n),
+                         per_position("beta", beta, n), backbone.max_drafts, backend, cuda_graph)
+        self.head, self.name = head, f"dels_{head.kind}"
 
-    # the backbone keeps the context; the head is stateless between blocks
-    def reset(self) -> None:
-        self.backbone.reset()
+    def block_inputs(self, anchor: int, start: int, k: int) -> dict[str, torch.Tensor]:
+        return {"long": self.backbone.block_logits(anchor, start, k)[1]}                   # [k, V]
 
-    def prefill(self, taps) -> None:
-        self.backbone.prefill(taps)
+    def begin(self, x, first):
+        return self.head.begin(first)                                 # the anchor is not fed (reference runtime)
 
-    def commit(self, n_accepted: int, taps) -> None:
-        self.backbone.commit(n_accepted, taps)
+    def feature(self, x, state, i):
+        return self.head.feature(state)
 
-    def _pick(self, long, z, i: int, temperature: float, generator):
-        """Token (and probability when sampling) of draft i+1 (0-based row i of the block's long logits)."""
-        a, b = (0.0, 0.0) if i == 0 else (self.alpha[i - 1], self.beta[i - 1])
-        if self.kernel is not None:
-            return self.kernel(long, z, self.head.w_out, a, b, self.log_prior, temperature, seed_add=i)
-        noise = gumbel(long.shape[-1], generator, long.device) if temperature > 0 else None
-        return fuse_torch(long, z, self.head.w_out, a, b, self.log_prior, temperature, noise)
-
-    def draft(self, long: torch.Tensor, out_tokens, out_probs, out_z, temperature: float = 0.0, generator=None):
-        """The sequential loop over one block: long `[K, V]` → tokens `[K]`, probs `[K]` (sampling), the
-        rank states `[K, r]` the fused rows were built from. Writes into the given buffers and never
-        synchronises with the host, so a CUDA graph can capture it."""
-        k = long.shape[0]
-        out_z[0].copy_(self.zero_z)
-        tok, p = self._pick(long[0], self.zero_z, 0, temperature, generator)
-        out_tokens[0].copy_(tok)
-        state = self.head.begin(out_tokens[0])
-        for i in range(1, k):
-            z = self.head.feature(state)                                                 # [r]
-            out_z[i].copy_(z)
-            tok, p_i = self._pick(long[i], z, i, temperature, generator)
-            out_tokens[i].copy_(tok)
-            if p_i is not None:
-                out_probs[i].copy_(p_i)
-            if i + 1 < k:
-                state = self.head.advance(state, out_tokens[i])
-        if p is not None:
-            out_probs[0].copy_(p)
-
-    def fused_row(self, long_i: torch.Tensor, z: torch.Tensor, i: int) -> torch.Tensor:
-        """The full fused logits of row i `[V]` (protocol B's residual needs the first rejected row)."""
-        a, b = (0.0, 0.0) if i == 0 else (self.alpha[i - 1], self.beta[i - 1])
-        return fused_logits(long_i, z, self.head.w_out, a, b, self.log_prior)
-
-    def propose(self, anchor: int, start: int, k: int, sampling: Sampling | None) -> Proposal:
-        _, long = self.backbone.block_logits(anchor, start, k)                               # [k, V]
-        temperature = sampling.temperature if sampling is not None else 0.0
-        generator = sampling.generator if sampling is not None else None
-        # Sampling inside a graph needs the kernel's own Philox stream (a torch generator is not captured).
-        if self.graphs is not None and (temperature == 0 or self.kernel is not None):
-            tokens, probs, zs = self._replay(long, temperature, generator)
-        else:
-            dev = long.device
-            tokens = torch.empty(k, dtype=torch.long, device=dev)
-            probs = torch.empty(k, dtype=torch.float32, device=dev)
-            zs = torch.empty(k, self.head.rank, dtype=self.zero_z.dtype, device=dev)
-            if self.kernel is not None and temperature > 0:
-                self.kernel.reseed(generator)
-            with torch.inference_mode():
-                self.draft(long, tokens, probs, zs, temperature, generator)
-        if sampling is None:
-            return Proposal(tokens)
-        t = sampling.temperature
-        return Proposal(tokens, LazyDist(probs, lambda j: torch.softmax(self.fused_row(long[j], zs[j], j) / t, -1)))
-
-    def _replay(self, long, temperature: float, generator):
-        """CUDA graph of the whole block loop, one per temperature; k < K runs the full block and keeps
-        the first k drafts (draft i depends only on drafts before it)."""
-        from ..kernels.graphs import GraphedLoop
-
-        k, K = long.shape[0], self.max_drafts
-        if temperature not in self.graphs:
-            dev, V = long.device, long.shape[1]
-            bufs = dict(long=torch.zeros(K, V, device=dev, dtype=long.dtype),
-                        tokens=torch.zeros(K, dtype=torch.long, device=dev),
-                        probs=torch.zeros(K, dtype=torch.float32, device=dev),
-                        zs=torch.zeros(K, self.head.rank, dtype=self.zero_z.dtype, device=dev))
-            body = lambda: self.draft(bufs["long"], bufs["tokens"], bufs["probs"], bufs["zs"], temperature)  # noqa: E731
-            self.graphs[temperature] = (GraphedLoop(body), bufs)
-        graph, bufs = self.graphs[temperature]
-        bufs["long"][:k].copy_(long)
-        if temperature > 0:
-            self.kernel.reseed(generator)
-        graph()
-        return bufs["tokens"][:k].clone(), bufs["probs"][:k].clone(), bufs["zs"][:k].clone()
+    def advance(self, state, token):
+        return self.head.advance(state, token)
 
 
 # ---------------------------------------------------------------------------------------------- builder

@@ -148,9 +148,17 @@ def fit(cfg, target, dataset, config: DFlashConfig, init_path: Path | None, run_
         if tc.init_from_target:
             init_from_target(model, target)
     gamma = tc.gamma if tc.gamma is not None else default_gamma(config.block_size)
-    module = DFlashLitModule(model.float(), target, num_anchors=tc.num_anchors, gamma=gamma, lr=tc.lr,
-                             warmup_ratio=tc.warmup_ratio, weight_decay=tc.weight_decay, attention=tc.attention,
-                             seed=tc.seed)
+    common = dict(num_anchors=tc.num_anchors, gamma=gamma, lr=tc.lr, warmup_ratio=tc.warmup_ratio,
+                  weight_decay=tc.weight_decay, attention=tc.attention, seed=tc.seed)
+    if cfg.drafter.name == "dedit":
+        from .dedit_module import DEditLitModule
+
+        r = edit_recipe(cfg)
+        module = DEditLitModule(model.float(), target, mix=r["mix"], mix_threshold=r["mix_threshold"],
+                                plain_rate=r["plain_rate"], edit_weight=r["edit_weight"],
+                                causal=r["editor"] == "causal", **common)
+    else:
+        module = DFlashLitModule(model.float(), target, **common)
     trainer, seconds, precision = lightning_fit(cfg, module, dataset, run_dir, target.device)
     out = run_dir / "drafter"
     model.save_pretrained(out, dtype=getattr(torch, tc.export_dtype))   # bf16, as the released drafters
@@ -161,11 +169,26 @@ def fit(cfg, target, dataset, config: DFlashConfig, init_path: Path | None, run_
     return card
 
 
+def edit_recipe(cfg) -> dict:
+    """DEdit's training options (drafter.train_edit, validated; the editor mask is the one it will draft with)."""
+    from ..errors import one_of
+    from .dedit_module import MIXES
+
+    t = cfg.drafter.train_edit
+    one_of("drafter.train_edit.mix", t.mix, MIXES)
+    one_of("drafter.edit.editor", cfg.drafter.edit.editor, ("bidirectional", "causal"))
+    for name in ("mix_threshold", "plain_rate"):
+        check(0.0 <= t[name] <= 1.0, f"drafter.train_edit.{name}={t[name]!r}: expected a probability in [0, 1]")
+    return {"mix": t.mix, "mix_threshold": float(t.mix_threshold), "plain_rate": float(t.plain_rate),
+            "edit_weight": float(t.edit_weight), "editor": cfg.drafter.edit.editor}
+
+
 def card_markdown(card: dict) -> str:
     """The human-readable model card next to an exported drafter (card.json holds everything)."""
     fm = card.get("final_metrics", {})
     acc = [fm.get(f"train/acc_k{k}") for k in range(1, card["drafter"]["block_size"])]
-    lines = [f"# DFlash drafter for {card['target']} ({card['target_source']})", "",
+    title = {"dflash": "DFlash", "dedit": "DEdit"}.get(card.get("kind", "dflash"), card.get("kind"))
+    lines = [f"# {title} drafter for {card['target']} ({card['target_source']})", "",
              f"Produced by: `{card['command']}` (specexp; stage `{Path(card['run_dir']).name}`).", "",
              f"- data: {card['sequences']} sequences, {card['response_tokens']} response tokens, hash `{card['data_hash']}`",
              f"- drafter: {card['drafter']['num_hidden_layers']} layer(s), block {card['drafter']['block_size']}, "
@@ -195,22 +218,8 @@ def run_regenerate(cfg, out_dir) -> dict:
     return summary
 
 
-def run_train(cfg, out_dir) -> dict:
-    """`task=train drafter=dflash`: data -> features -> Lightning -> DFlash checkpoint (+ export, + eval).
-    `drafter=dels_rnn|dels_markov` trains the local head instead (training/local_heads.py)."""
-    if cfg.drafter.name in ("dels_rnn", "dels_markov"):
-        from .local_heads import run_train_head
-
-        return run_train_head(cfg, out_dir)
-    check(cfg.drafter.name == "dflash", f"task=train: drafter={cfg.drafter.name} has nothing to train; "
-                                        f"choose dflash, dels_rnn or dels_markov")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    device = resolve_device(cfg.device)
-    target = registry.build_target(cfg.target, device)
-    config, init_path = drafter_config(cfg, target)
-    seqs, data_hash = prepare_sequences(cfg, target)
-    layer_ids = list(config.target_layer_ids)
+def training_dataset(cfg, target, layer_ids: list[int], seqs, data_hash: str):
+    """Sequences with target taps: from the feature cache (built once) or computed online in each step."""
     if cfg.data.features == "cache":
         dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[cfg.data.feature_dtype]
         meta = {"target": _target_fingerprint(cfg, target), "layer_ids": layer_ids,
@@ -218,21 +227,48 @@ def run_train(cfg, out_dir) -> dict:
         cache = D.FeatureCache(_stage(cfg, "features", meta), meta)
         if not cache.complete:
             cache.build(target, seqs, layer_ids, dtype, cfg.data.shard_tokens)
-        dataset = cache.dataset()
-    else:
-        check(cfg.data.features == "online", f"data.features={cfg.data.features!r} is not valid; choose cache or online")
-        dataset = D.OnlineSequences(seqs)
+        return cache.dataset()
+    check(cfg.data.features == "online", f"data.features={cfg.data.features!r} is not valid; choose cache or online")
+    return D.OnlineSequences(seqs)
+
+
+def run_train(cfg, out_dir) -> dict:
+    """`task=train drafter=dflash`: data -> features -> Lightning -> DFlash checkpoint (+ export, + eval).
+    `drafter=dels_rnn|dels_markov` trains the local head instead (training/local_heads.py)."""
+    if cfg.drafter.name in ("dels_rnn", "dels_markov"):
+        from .local_heads import run_train_head
+
+        return run_train_head(cfg, out_dir)
+    if cfg.drafter.name == "domino_ft":
+        from .domino_module import run_train_domino
+
+        return run_train_domino(cfg, out_dir)
+    check(cfg.drafter.name in ("dflash", "dedit"), f"task=train: drafter={cfg.drafter.name} has nothing to train; "
+                                                   f"choose dflash, dels_rnn, dels_markov, domino_ft or dedit")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(cfg.device)
+    target = registry.build_target(cfg.target, device)
+    config, init_path = drafter_config(cfg, target)
+    seqs, data_hash = prepare_sequences(cfg, target)
+    dataset = training_dataset(cfg, target, list(config.target_layer_ids), seqs, data_hash)
     train_cfg = {k: v for k, v in OmegaConf.to_container(cfg.train, resolve=True).items()
                  if k not in ("export_dir", "export_dtype", "eval_after", "log_every", "ckpt_every")}
-    run_dir = _stage(cfg, "train", {"data": data_hash, "drafter": config.to_dict(), "init": str(init_path),
-                                    "train": train_cfg, "features": cfg.data.features})
+    payload = {"data": data_hash, "drafter": config.to_dict(), "init": str(init_path), "train": train_cfg,
+               "features": cfg.data.features}
+    if cfg.drafter.name == "dedit":                    # the editing objective (training/dedit_module.py)
+        payload["edit"] = edit_recipe(cfg)
+    run_dir = _stage(cfg, "train", payload)
     run_dir.mkdir(parents=True, exist_ok=True)
     if (run_dir / "train.json").exists() and (run_dir / "drafter" / "config.json").exists():
         card = json.loads((run_dir / "train.json").read_text())
         print(f"specexp: reusing trained drafter {run_dir / 'drafter'}", flush=True)
     else:
         card = fit(cfg, target, dataset, config, init_path, run_dir)
-    card = {**card, "command": "python -m specexp " + " ".join(sys.argv[1:]), "data_hash": data_hash,
+    if cfg.drafter.name == "dedit":
+        card["edit"] = payload["edit"]
+    card = {**card, "kind": cfg.drafter.name, "command": "python -m specexp " + " ".join(sys.argv[1:]),
+            "data_hash": data_hash,
             "sequences": len(seqs), "response_tokens": sum(int(s.loss_mask.sum()) for s in seqs),
             "target": target.name, "target_source": target.source, "drafter": config.to_dict(),
             "train": train_cfg, "run_dir": str(run_dir)}

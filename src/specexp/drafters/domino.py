@@ -1,0 +1,208 @@
+"""Domino-FT (arXiv 2605.29707, as DeLS-Spec's baseline): a frozen DFlash drafter whose logits are corrected by
+a GRU over the drafted prefix and a low-rank residual head. Facts: research/methods.md §3 (the first
+author's SpecForge port and the DeLS runtime's Domino path).
+
+Per block (z_k = DFlash hidden after the final norm at block row k, u_k = W_lm z_k its logits):
+    s        = GRU(E[a]) then GRU(E[d1]), ...        bias-free GRU (hidden 1024) over the frozen target embeddings
+    d_first  = pick(u_first)                          the first draft is DFlash's alone
+    d_next   = pick(u_k + g * W2 silu(W1 [z_k ; s]))  W1: (H + 1024) -> 256, W2: 256 -> V, no biases; g = guidance
+    s        = GRU(E[d_next], s)
+Alignments (`head.alignment`):
+- unshifted (z-lab DFlash, our checkpoints): block row k predicts x_{a+k}; rows 1..B-1 are the K = B-1
+  drafts; rows k >= 2 are corrected with the state after [a, x_{a+1}, ..., x_{a+k-1}].
+- shifted (DSpark / SpecForge `shift_label: true`): row k predicts x_{a+k+1}; rows 0..B-1 are K = B drafts;
+  rows k >= 1 are corrected with the state after [a, x_{a+1}, ..., x_{a+k}].
+Either way the first corrected draft sees [a, d1]. The correction is a rank-256 factor W2 (V x 256) applied to
+a rank-256 state, so the fusion kernel of DeLS-Spec serves it (alpha = g, beta = 0).
+Checkpoint (a directory): config.json + model.safetensors (`prefix_gru.*`, `embed_proj.0.weight`,
+`embed_proj.2.weight`).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import UserError, check, one_of
+from ..kernels.fusion import BACKENDS
+from . import dflash
+from .sequential import SequentialDrafter
+
+CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+ALIGNMENTS = ("unshifted", "shifted")
+
+
+@dataclass
+class DominoConfig:
+    hidden_size: int
+    vocab_size: int
+    gru_hidden: int = 1024
+    emb_dim: int = 256
+    alignment: str = "unshifted"
+    architecture: str = field(default="domino_head", init=False)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str) -> "DominoConfig":
+        check(d.get("architecture") == "domino_head",
+              f"{where}: not a Domino head (architecture {d.get('architecture')!r}, expected 'domino_head')")
+        try:
+            c = cls(**{k: v for k, v in d.items() if k != "architecture"})
+        except TypeError as e:
+            raise UserError(f"{where}: {e}") from None
+        one_of(f"{where}: alignment", c.alignment, ALIGNMENTS)
+        return c
+
+    @property
+    def first_row(self) -> int:
+        """Block row of the first draft (unshifted: 1, shifted: 0)."""
+        return 1 if self.alignment == "unshifted" else 0
+
+
+class DominoHead(nn.Module):
+    def __init__(self, c: DominoConfig):
+        super().__init__()
+        self.config = c
+        self.prefix_gru = nn.GRU(c.hidden_size, c.gru_hidden, num_layers=1, bias=False, batch_first=True)
+        self.embed_proj = nn.Sequential(nn.Linear(c.hidden_size + c.gru_hidden, c.emb_dim, bias=False), nn.SiLU(),
+                                        nn.Linear(c.emb_dim, c.vocab_size, bias=False))
+
+    def states(self, emb: torch.Tensor) -> torch.Tensor:
+        """GRU states after each prefix token: embeddings `[N, L, H]` from a zero state → `[N, L, G]`."""
+        return self.prefix_gru(emb)[0]
+
+    def correction(self, z: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """Residual logits from DFlash hidden `[..., H]` and prefix state `[..., G]` → `[..., V]`."""
+        return self.embed_proj(torch.cat([z, s], dim=-1))
+
+
+def save_head(head: DominoHead, path, dtype=None) -> None:
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in head.state_dict().items()}
+    save_file(state, path / (WEIGHTS_FILE + ".tmp"), metadata={"format": "pt"})
+    (path / (CONFIG_FILE + ".tmp")).write_text(json.dumps(head.config.to_dict(), indent=2) + "\n")
+    os.replace(path / (WEIGHTS_FILE + ".tmp"), path / WEIGHTS_FILE)
+    os.replace(path / (CONFIG_FILE + ".tmp"), path / CONFIG_FILE)
+
+
+def load_head(path, where: str) -> DominoHead:
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    check(path.is_dir(), f"{where}: no such directory")
+    check((path / CONFIG_FILE).exists() and (path / WEIGHTS_FILE).exists(),
+          f"{where}: expected {CONFIG_FILE} and {WEIGHTS_FILE} (train one with task=train drafter=domino_ft)")
+    try:
+        raw, state = json.loads((path / CONFIG_FILE).read_text()), load_file(path / WEIGHTS_FILE)
+    except Exception as e:
+        raise UserError(f"{where}: cannot read the head ({type(e).__name__}: {e})") from None
+    head = DominoHead(DominoConfig.from_dict(raw, where))
+    expected = head.state_dict()
+    for kind, keys in (("missing", sorted(set(expected) - set(state))), ("unexpected", sorted(set(state) - set(expected)))):
+        check(not keys, f"{where}: {kind} tensor {keys[0] if keys else ''}")
+    for k, t in state.items():
+        check(t.shape == expected[k].shape,
+              f"{where}: {k} has shape {list(t.shape)}, config.json implies {list(expected[k].shape)}")
+    head.load_state_dict(state, strict=True)
+    return head
+
+
+class DominoDrafter(SequentialDrafter):
+    """DFlash + Domino correction, drafted left to right (see the module docstring). The correction is the
+    shared fusion with alpha = guidance, beta = 0 and state z = silu(W1 [hidden_k ; s])."""
+
+    def __init__(self, backbone: dflash.DFlashDrafter, head: DominoHead, embed: torch.Tensor, guidance: float,
+                 backend: str = "auto", cuda_graph: str | bool = "auto"):
+        c, dev, dtype = head.config, embed.device, embed.dtype
+        k = backbone.block_size - c.first_row
+        with torch.no_grad():
+            w_out = head.embed_proj[2].weight.to(dev, dtype)                               # [V, r]
+            w1 = head.embed_proj[0].weight.to(dev, dtype)                                  # [r, H + G]
+            self.w_ih = head.prefix_gru.weight_ih_l0.to(dev, dtype)                       # [3G, H] gates r, z, n
+            self.w_hh = head.prefix_gru.weight_hh_l0.to(dev, dtype)                       # [3G, G]
+        self.w1_z, self.w1_s = w1[:, : c.hidden_size], w1[:, c.hidden_size:]               # [r, H], [r, G]
+        super().__init__(backbone, w_out, torch.zeros(c.vocab_size), [float(guidance)] * max(k - 1, 0),
+                         [0.0] * max(k - 1, 0), k, backend, cuda_graph)
+        self.config, self.guidance, self.name = c, float(guidance), "domino_ft"
+        self.embed = embed                                                                 # [V, H] frozen
+
+    def _gru(self, token: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
+        """One bias-free torch.nn.GRU step on E[token]; h = None is the zero state."""
+        x = self.embed.index_select(0, token.view(1))[0]                                  # [H]
+        gi = self.w_ih @ x                                                                 # [3G]
+        gh = torch.zeros_like(gi) if h is None else self.w_hh @ h                          # [3G]
+        i_r, i_z, i_n = gi.chunk(3)
+        h_r, h_z, h_n = gh.chunk(3)
+        r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
+        n = torch.tanh(i_n + r * h_n)
+        return (1 - z) * n if h is None else (1 - z) * n + z * h                         # [G]
+
+    def block_inputs(self, anchor: int, start: int, k: int) -> dict[str, torch.Tensor]:
+        hidden, _ = self.backbone.block_logits(anchor, start, 0)                           # [1, B, H]
+        r0 = self.config.first_row
+        rows = hidden[0, r0: r0 + k]                                                       # [k, H]
+        return {"long": self.backbone.lm_head(rows), "hidden": rows,                       # [k, V], [k, H]
+                "anchor": torch.tensor(anchor, device=rows.device)}
+
+    def begin(self, x, first):
+        return self._gru(first, self._gru(x["anchor"], None))                              # after [a, d1]
+
+    def feature(self, x, state, i):
+        return F.silu(self.w1_z @ x["hidden"][i] + self.w1_s @ state)                      # [r]
+
+    def advance(self, state, token):
+        return self._gru(token, state)
+
+
+def random_head(c: DominoConfig, seed: int, std: float) -> DominoHead:
+    g = torch.Generator().manual_seed(seed)
+    head = DominoHead(c)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+    return head
+
+
+def build(cfg, target) -> DominoDrafter:
+    """`drafter=domino_ft`: the DFlash backbone as drafter=dflash builds it + the Domino head (`head.init` as
+    for the DeLS heads: random with a random backbone, else the head checkpoint, which must then be set)."""
+    h = cfg.head
+    one_of("drafter.head.alignment", h.alignment, ALIGNMENTS)
+    one_of("fusion.kernel", cfg.fusion.kernel, BACKENDS)
+    one_of("fusion.cuda_graph", cfg.fusion.cuda_graph, ("auto", True, False))
+    check(isinstance(h.guidance, (int, float)) and math.isfinite(h.guidance),
+          f"drafter.head.guidance={h.guidance!r} is not a finite number")
+    head_init, ckpt = h.init, h.get("checkpoint")
+    if head_init == "auto":
+        random_backbone = cfg.init == "random" or (cfg.init == "auto" and not cfg.get("checkpoint"))
+        check(bool(ckpt) or random_backbone,
+              f"no Domino head for target {target.name}: train one with task=train drafter=domino_ft and pass "
+              f"drafter.head.checkpoint=DIR (drafter.head.init=random runs a random head)")
+        head_init = "random" if random_backbone else "checkpoint"
+    one_of("drafter.head.init", head_init, ("random", "checkpoint"))
+    backbone = dflash.build(cfg, target)
+    if head_init == "random":
+        c = DominoConfig(target.hidden_size, target.vocab_size, h.gru_hidden, h.emb_dim, h.alignment)
+        head = random_head(c, cfg.seed, h.init_std)
+    else:
+        check(bool(ckpt), "drafter.head.init=checkpoint needs drafter.head.checkpoint=DIR")
+        where = f"drafter.head.checkpoint={str(ckpt)!r}"
+        head = load_head(dflash.resolve_checkpoint(str(ckpt)), where)
+        c = head.config
+        check(c.hidden_size == target.hidden_size and c.vocab_size == target.vocab_size,
+              f"{where}: head for hidden {c.hidden_size} / vocab {c.vocab_size} does not fit target {target.name}")
+        check(c.alignment == h.alignment, f"{where}: trained with alignment {c.alignment}, drafter.head.alignment="
+                                          f"{h.alignment}")
+    return DominoDrafter(backbone, head, target.embed_tokens.weight, h.guidance, cfg.fusion.kernel,
+                         cfg.fusion.cuda_graph)

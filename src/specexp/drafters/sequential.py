@@ -1,0 +1,146 @@
+"""The sequential loop shared by the drafters that correct a DFlash block draft by draft (DeLS-Spec's local
+heads, Domino-FT's prefix GRU). One block of K drafts:
+
+    d1      = pick(long_1)                                          DFlash's row alone
+    state   = begin(x, d1)
+    for i = 1..K-1:
+        z_i     = feature(x, state, i)                              [r]  a rank-r state
+        d_{i+1} = pick(long_{i+1} + alpha_i * W_out z_i - beta_i * log_prior)
+        state   = advance(state, d_{i+1})
+
+`x` holds the block's inputs (`long` `[k, V]` and whatever the subclass reads: DFlash hidden rows, the anchor
+token); `pick` is argmax (greedy, protocol A) or Gumbel-max with the drafted token's probability (protocol B),
+through the Triton fusion kernel or its torch reference (kernels/fusion.py). The loop writes into
+preallocated buffers and never synchronises with the host, so on CUDA the whole block is captured once per
+temperature as a graph (kernels/graphs.py) and replayed for every block.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import check
+from ..kernels.fusion import TritonFusion, fuse_torch, fused_logits, gumbel, pick_backend
+from .base import LazyDist, Proposal, Sampling
+
+
+class SequentialDrafter:
+    name: str
+
+    def __init__(self, backbone, w_out: torch.Tensor, log_prior: torch.Tensor, alpha: list[float],
+                 beta: list[float], max_drafts: int, backend: str = "auto", cuda_graph: str | bool = "auto"):
+        self.backbone, self.max_drafts, self.tap_layers = backbone, max_drafts, backbone.tap_layers
+        self.w_out = w_out                                                                  # [V, r]
+        self.rank = w_out.shape[1]
+        self.alpha, self.beta = alpha, beta                                                 # K-1 each
+        dev = w_out.device
+        self.log_prior = log_prior.to(device=dev, dtype=w_out.dtype)                       # [V]
+        self.zero_z = torch.zeros(self.rank, device=dev, dtype=w_out.dtype)
+        self.backend = pick_backend(backend, dev)
+        self.kernel = TritonFusion(self.log_prior.numel(), dev) if self.backend == "triton" else None
+        use_graph = dev.type == "cuda" if cuda_graph == "auto" else bool(cuda_graph)
+        check(not use_graph or dev.type == "cuda", "fusion.cuda_graph=true needs a CUDA device")
+        self.graphs: dict | None = {} if use_graph else None
+
+    # --- the subclass's part
+    def block_inputs(self, anchor: int, start: int, k: int) -> dict[str, torch.Tensor]:
+        """`long` `[k, V]` plus any per-row `[k, ...]` or 0-d tensors that begin/feature read."""
+        raise NotImplementedError
+
+    def begin(self, x: dict, first: torch.Tensor):
+        raise NotImplementedError
+
+    def feature(self, x: dict, state, i: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def advance(self, state, token: torch.Tensor):
+        raise NotImplementedError
+
+    # --- the backbone keeps the context; the loop state lives only within a block
+    def reset(self) -> None:
+        self.backbone.reset()
+
+    def prefill(self, taps) -> None:
+        self.backbone.prefill(taps)
+
+    def commit(self, n_accepted: int, taps) -> None:
+        self.backbone.commit(n_accepted, taps)
+
+    def _weights(self, i: int) -> tuple[float, float]:
+        return (0.0, 0.0) if i == 0 else (self.alpha[i - 1], self.beta[i - 1])
+
+    def _pick(self, long_i, z, i: int, temperature: float, generator):
+        a, b = self._weights(i)
+        if self.kernel is not None:
+            return self.kernel(long_i, z, self.w_out, a, b, self.log_prior, temperature, seed_add=i)
+        noise = gumbel(long_i.shape[-1], generator, long_i.device) if temperature > 0 else None
+        return fuse_torch(long_i, z, self.w_out, a, b, self.log_prior, temperature, noise)
+
+    def fused_row(self, long_i: torch.Tensor, z: torch.Tensor, i: int) -> torch.Tensor:
+        """The full fused logits of row i `[V]` (protocol B's residual needs the first rejected row)."""
+        a, b = self._weights(i)
+        return fused_logits(long_i, z, self.w_out, a, b, self.log_prior)
+
+    def draft(self, x: dict, out_tokens, out_probs, out_z, temperature: float = 0.0, generator=None) -> None:
+        """One block: tokens `[k]`, probs `[k]` (sampling only) and the rank states `[k, r]` the fused rows
+        were built from, written into the given buffers with no host synchronisation."""
+        long = x["long"]
+        k = long.shape[0]
+        out_z[0].copy_(self.zero_z)
+        tok, p = self._pick(long[0], self.zero_z, 0, temperature, generator)
+        out_tokens[0].copy_(tok)
+        state = self.begin(x, out_tokens[0]) if k > 1 else None
+        for i in range(1, k):
+            z = self.feature(x, state, i)                                                   # [r]
+            out_z[i].copy_(z)
+            tok, p_i = self._pick(long[i], z, i, temperature, generator)
+            out_tokens[i].copy_(tok)
+            if p_i is not None:
+                out_probs[i].copy_(p_i)
+            if i + 1 < k:
+                state = self.advance(state, out_tokens[i])
+        if p is not None:
+            out_probs[0].copy_(p)
+
+    def propose(self, anchor: int, start: int, k: int, sampling: Sampling | None) -> Proposal:
+        x = self.block_inputs(anchor, start, k)
+        long = x["long"]                                                                    # [k, V]
+        temperature = sampling.temperature if sampling is not None else 0.0
+        generator = sampling.generator if sampling is not None else None
+        # Sampling inside a graph needs the kernel's own Philox stream (a torch generator is not captured).
+        if self.graphs is not None and (temperature == 0 or self.kernel is not None):
+            tokens, probs, zs = self._replay(x, temperature, generator)
+        else:
+            dev = long.device
+            tokens = torch.empty(k, dtype=torch.long, device=dev)
+            probs = torch.empty(k, dtype=torch.float32, device=dev)
+            zs = torch.empty(k, self.rank, dtype=self.zero_z.dtype, device=dev)
+            if self.kernel is not None and temperature > 0:
+                self.kernel.reseed(generator)
+            with torch.inference_mode():
+                self.draft(x, tokens, probs, zs, temperature, generator)
+        if sampling is None:
+            return Proposal(tokens)
+        t = sampling.temperature
+        return Proposal(tokens, LazyDist(probs, lambda j: torch.softmax(self.fused_row(long[j], zs[j], j) / t, -1)))
+
+    def _replay(self, x: dict, temperature: float, generator):
+        """CUDA graph of the whole block loop, one per temperature, on static buffers sized for K drafts;
+        k < K runs the full block and keeps the first k drafts (draft i depends only on drafts before it)."""
+        from ..kernels.graphs import GraphedLoop
+
+        k, K = x["long"].shape[0], self.max_drafts
+        if temperature not in self.graphs:
+            dev = x["long"].device
+            inputs = {n: torch.zeros((K, *v.shape[1:]) if v.dim() else (), device=dev, dtype=v.dtype)
+                      for n, v in x.items()}
+            outs = (torch.zeros(K, dtype=torch.long, device=dev), torch.zeros(K, dtype=torch.float32, device=dev),
+                    torch.zeros(K, self.rank, dtype=self.zero_z.dtype, device=dev))
+            body = lambda: self.draft(inputs, *outs, temperature)  # noqa: E731
+            self.graphs[temperature] = (GraphedLoop(body), inputs, outs)
+        graph, inputs, outs = self.graphs[temperature]
+        for n, v in x.items():
+            (inputs[n][:k] if v.dim() else inputs[n]).copy_(v)
+        if temperature > 0:
+            self.kernel.reseed(generator)
+        graph()
+        return tuple(o[:k].clone() for o in outs)

@@ -1,0 +1,185 @@
+"""Domino-FT training: the Domino head on a frozen DFlash backbone, with target hidden states (online or from
+the feature cache) and the DFlash block layout (training/anchors.py). Facts: research/methods.md §3.2.
+
+Teacher forcing: the GRU reads the ground-truth block tokens [x_a, x_{a+1}, ...] from a zero state. Rows:
+- unshifted: row k predicts x_{a+k}; rows k >= 2 are corrected with the state after x_a..x_{a+k-1};
+  weights exp(-(k-1)/gamma) on rows k >= 1.
+- shifted: row k predicts x_{a+k+1}; rows k >= 1 corrected with the state after x_a..x_{a+k};
+  weights exp(-k/gamma) on rows k >= 0.
+Loss = (1 - lam) * CE(corrected) + lam * CE(base), each normalised by the weight sum, with
+lam(step) = clamp(lam_start * (1 - step / (decay_ratio * total)), 0, 1). With the backbone frozen (Domino-FT)
+CE(base) carries no gradient and lam only rescales the loss; it is kept for the full-Domino recipe.
+"""
+from __future__ import annotations
+
+import zlib
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from .anchors import adamw_cosine, dense_mask, flex_mask, sample_anchors
+
+
+def lambda_at(step: int, total: int, start: float, decay_ratio: float) -> float:
+    if decay_ratio <= 0:
+        return min(1.0, max(0.0, start))
+    return min(1.0, max(0.0, start * (1 - step / (decay_ratio * max(total, 1)))))
+
+
+class DominoLitModule(L.LightningModule):
+    def __init__(self, head, backbone, target, *, num_anchors: int, gamma: float, lambda_start: float,
+                 lambda_decay_ratio: float, lr: float, warmup_ratio: float, weight_decay: float, attention: str,
+                 seed: int):
+        super().__init__()
+        self.head = head
+        self._frozen = (backbone.requires_grad_(False).eval(), target)
+        self.num_anchors, self.gamma, self.lr, self.warmup_ratio = num_anchors, gamma, lr, warmup_ratio
+        self.lambda_start, self.lambda_decay_ratio = lambda_start, lambda_decay_ratio
+        self.weight_decay, self.attention, self.seed = weight_decay, attention, seed
+
+    def rows(self, ids, loss_mask, taps, step: int):
+        """Per block: backbone hidden `[n, B, H]`, GRU states `[n, B, G]`, labels and weights `[n, B]`, and the
+        bool `[n, B]` of corrected rows."""
+        backbone, t = self._frozen
+        c, dev, s = backbone.config, ids.device, ids.numel()
+        b, shifted = c.block_size, self.head.config.alignment == "shifted"
+        g = torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/{step}".encode()))
+        anchors = sample_anchors(loss_mask.cpu(), self.num_anchors, g).to(dev)                    # [n]
+        if anchors.numel() == 0:
+            return None
+        k = torch.arange(b, device=dev)
+        pos = anchors[:, None] + k                                                                 # [n, B]
+        noise = torch.full_like(pos, c.mask_token_id)
+        noise[:, 0] = ids[anchors]
+        use_flex = self.attention == "flex" or (self.attention == "auto" and dev.type == "cuda")
+        mask = flex_mask(anchors, s, b) if use_flex else dense_mask(anchors, s, b)
+        with torch.no_grad():
+            ctx = backbone.context_kv(taps[None].to(backbone.fc.weight.dtype), torch.arange(s, device=dev)[None])
+            hidden = backbone(t.embed_tokens(noise.flatten())[None], pos.flatten()[None], ctx, mask)[0]
+        hidden = hidden.view(-1, b, hidden.shape[-1])                                              # [n, B, H]
+        # GRU over [x_a, x_{a+1}, ..., x_{a+B-1}] (clamped at the end; those rows get weight 0)
+        toks = ids[pos.clamp(max=s - 1)]                                                          # [n, B]
+        states = self.head.states(t.embed_tokens(toks))                                          # [n, B, G]
+        off = 1 if shifted else 0
+        tgt_pos = pos + off                                                                        # row k -> a+k(+1)
+        inside = tgt_pos < s
+        labels = ids[tgt_pos.clamp(max=s - 1)]
+        first = 0 if shifted else 1
+        w = torch.exp(-(k - first).clamp(min=0).float() / self.gamma) * (k >= first)               # [B]
+        w = w * inside * loss_mask[tgt_pos.clamp(max=s - 1)]                                      # [n, B]
+        corrected = (k >= first + 1)[None].expand_as(w)                                           # [n, B]
+        # State for row k: after x_a..x_{a+k-1} (unshifted) / x_a..x_{a+k} (shifted) = states[:, k-1+off]
+        idx = (k - 1 + off).clamp(min=0, max=b - 1)
+        return hidden, states[:, idx], labels, w, corrected
+
+    def domino_loss(self, ids, loss_mask, taps, step: int, total: int):
+        out = self.rows(ids, loss_mask, taps, step)
+        if out is None:
+            return None, {}
+        hidden, states, labels, w, corrected = out
+        t = self._frozen[1]
+        sel = w > 0
+        if not sel.any():
+            return None, {}
+        base = t.lm_head(hidden[sel]).float()                                                      # [M, V]
+        corr = self.head.correction(hidden[sel], states[sel]).float()
+        final = base + corr * corrected[sel][:, None]                                              # first row: base
+        ws = w[sel]
+        ce_final = (F.cross_entropy(final, labels[sel], reduction="none") * ws).sum() / ws.sum()
+        ce_base = (F.cross_entropy(base, labels[sel], reduction="none") * ws).sum() / ws.sum()
+        lam = lambda_at(step, total, self.lambda_start, self.lambda_decay_ratio)
+        loss = (1 - lam) * ce_final + lam * ce_base
+        with torch.no_grad():
+            acc_final = (final.argmax(-1) == labels[sel]).float().mean()
+            acc_base = (base.argmax(-1) == labels[sel]).float().mean()
+        return loss, {"ce_final": ce_final.detach(), "ce_base": ce_base.detach(), "lambda": lam,
+                      "acc_final": acc_final, "acc_base": acc_base}
+
+    def training_step(self, batch, batch_idx):
+        backbone, t = self._frozen
+        ids, lm = batch["ids"].to(self.device), batch["loss_mask"].to(self.device)
+        taps = batch.get("taps")
+        if taps is None:
+            with torch.no_grad():
+                _, taps = t.forward(ids[None], 0, t.new_cache(), taps=backbone.config.target_layer_ids)
+            taps = taps[0]
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        loss, m = self.domino_loss(ids, lm, taps.to(self.device).clone(), self.global_step, total)
+        if loss is None:
+            return None
+        self.log("train/loss", loss, prog_bar=True, batch_size=1)
+        self.log_dict({f"train/{k}": v for k, v in m.items()}, batch_size=1)
+        return loss
+
+    def configure_optimizers(self):
+        return adamw_cosine(self.head.parameters(), self.trainer, self.lr, self.weight_decay, self.warmup_ratio)
+
+
+def run_train_domino(cfg, out_dir) -> dict:
+    """`task=train drafter=domino_ft`: data -> features -> Lightning (head only, DFlash frozen) -> head (+ eval)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from .. import registry
+    from ..drafters import domino
+    from ..drafters.dflash import DFlashDraftModel, resolve_checkpoint
+    from ..errors import check
+    from ..targets import resolve_device
+    from ..tracking import write_json
+    from .tasks import _stage, lightning_fit, peak_memory_mb, prepare_sequences, training_dataset
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    d, tc, ht = cfg.drafter, cfg.train, cfg.drafter.head.train
+    check(bool(d.get("checkpoint")), "task=train drafter=domino_ft trains on a frozen DFlash drafter: set "
+                                     "drafter.checkpoint=DIR (a DFlash-format checkpoint)")
+    target = registry.build_target(cfg.target, resolve_device(cfg.device))
+    bpath = resolve_checkpoint(str(d.checkpoint))
+    backbone = DFlashDraftModel.from_pretrained(bpath, dtype=target.dtype, device=target.device)
+    seqs, data_hash = prepare_sequences(cfg, target)
+    dataset = training_dataset(cfg, target, list(backbone.config.target_layer_ids), seqs, data_hash)
+    c = domino.DominoConfig(target.hidden_size, target.vocab_size, d.head.gru_hidden, d.head.emb_dim, d.head.alignment)
+    recipe = {**OmegaConf.to_container(ht, resolve=True),
+              **{k: tc[k] for k in ("lr", "warmup_ratio", "weight_decay", "max_steps", "accumulate", "seed")}}
+    run_dir = _stage(cfg, "domino", {"data": data_hash, "backbone": str(bpath), "head": c.to_dict(), "recipe": recipe,
+                                     "features": cfg.data.features})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    head_dir = run_dir / "head"
+    if (run_dir / "train.json").exists() and (head_dir / domino.WEIGHTS_FILE).exists():
+        card = json.loads((run_dir / "train.json").read_text())
+    else:
+        with torch.random.fork_rng():
+            torch.manual_seed(tc.seed)
+            head = domino.DominoHead(c)
+        module = DominoLitModule(head.float(), backbone, target, num_anchors=ht.num_anchors, gamma=ht.gamma,
+                                 lambda_start=ht.lambda_start, lambda_decay_ratio=ht.lambda_decay_ratio, lr=tc.lr,
+                                 warmup_ratio=tc.warmup_ratio, weight_decay=tc.weight_decay, attention=tc.attention,
+                                 seed=tc.seed)
+        trainer, seconds, precision = lightning_fit(OmegaConf.merge(cfg, {"train": {"epochs": ht.epochs}}), module,
+                                                    dataset, run_dir, target.device)
+        domino.save_head(head, head_dir, dtype=getattr(torch, tc.export_dtype))
+        card = {"steps": trainer.global_step, "train_seconds": seconds, "peak_memory_mb": peak_memory_mb(target.device),
+                "final_metrics": {k: float(v) for k, v in trainer.logged_metrics.items()}, "precision": precision,
+                "trainable_params": sum(p.numel() for p in head.parameters())}
+        write_json(run_dir / "train.json", card)
+    card = {**card, "command": "python -m specexp " + " ".join(sys.argv[1:]), "data_hash": data_hash,
+            "sequences": len(seqs), "target": target.name, "target_source": target.source, "head": c.to_dict(),
+            "backbone": str(bpath), "recipe": recipe, "run_dir": str(run_dir)}
+    final = head_dir
+    if tc.export_dir:
+        final = Path(tc.export_dir)
+        domino.save_head(domino.load_head(head_dir, str(head_dir)), final, dtype=getattr(torch, tc.export_dtype))
+    if tc.eval_after:
+        from ..eval.evaluator import run_eval
+
+        summary = run_eval(OmegaConf.merge(cfg, {"drafter": {"head": {"init": "checkpoint", "checkpoint": str(final)}}}),
+                           out_dir / "eval")
+        card["eval"] = {"benchmarks": {k: {"tau": v["tau"], "speedup": v["speedup"]}
+                                       for k, v in summary["benchmarks"].items()}, "macro": summary["macro"]}
+    write_json(final / "card.json", card)
+    write_json(out_dir / "train_summary.json", card)
+    return card
