@@ -3,7 +3,7 @@ an unknown name is one clear error listing the valid ones."""
 from __future__ import annotations
 
 from . import targets
-from .drafters import dels, dflash, domino
+from .drafters import dedit, dels, dflash, domino
 from .errors import one_of
 
 TARGETS = {
@@ -19,6 +19,7 @@ DRAFTERS = {
     "dels_rnn": dels.build,      # DeLS-Spec: DFlash + GRU local head + unigram prior
     "dels_markov": dels.build,   # DeLS-Spec: DFlash + rank-256 bigram head + unigram prior
     "domino_ft": domino.build,   # Domino-FT: DFlash + prefix GRU + low-rank residual head
+    "dedit": dedit.build,        # DEdit: DFlash-architecture unmasking + token-to-token edit passes
 }
 
 

@@ -35,6 +35,7 @@ class Generation:
     ttft_s: float = 0.0               # target prefill + first token
     decode_s: float = 0.0             # everything after the drafter's prefill
     stop_reason: str = "length"       # stop | length
+    rounds: list[dict] = field(default_factory=list)   # the proposals' `info` + what verification made of them
 
     @property
     def decode_tokens(self) -> int:
@@ -85,6 +86,8 @@ def generate(target, drafter: Drafter | None, prompt_ids: list[int], dc: DecodeC
         gen.tokens += new
         gen.accept_lengths.append(len(new))
         gen.drafted.append(k)
+        if prop.info is not None:
+            gen.rounds.append({**prop.info, "tokens": prop.tokens, "accepted": n, "bonus": bonus})
         anchor, start = bonus, start + n + 1
     gen.decode_s = now(dev) - t0
     gen.stop_reason = "stop" if gen.tokens[-1] in stops else "length"

@@ -38,6 +38,7 @@ class LazyDist:
 class Proposal:
     tokens: torch.Tensor                       # [K] long, on the target's device
     q: torch.Tensor | LazyDist | None = None   # [K, V] distributions the tokens were sampled from (protocol B only)
+    info: dict | None = None                   # per-round diagnostics (DEdit: passes run, the pre-edit draft)
 
 
 class Drafter(Protocol):

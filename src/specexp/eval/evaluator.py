@@ -91,7 +91,7 @@ class ResultStore:
 
 
 def _record(sample, turn: int, prompt_len: int, spec: Generation, ar: Generation | None, text: str,
-            lossless: bool | None, save_text: bool) -> dict:
+            lossless: bool | None, save_text: bool, greedy: bool = False) -> dict:
     rec = {
         "id": sample.id, "benchmark": sample.benchmark, "turn": turn, "prompt_tokens": prompt_len,
         "new_tokens": len(spec.tokens), "accept_lengths": spec.accept_lengths, "drafted": spec.drafted,
@@ -101,6 +101,11 @@ def _record(sample, turn: int, prompt_len: int, spec: Generation, ar: Generation
         "ar_tpot": metrics.tpot(ar.decode_s, ar.decode_tokens) if ar else None,
         "text_sha256": hashlib.sha256(text.encode()).hexdigest(), "lossless": lossless,
     }
+    if spec.rounds:                        # per-round drafter diagnostics (DEdit): passes and edit outcomes
+        rec["passes"] = [r["passes"] for r in spec.rounds]
+        if greedy:                         # the target's tokens are known exactly only under greedy decoding
+            rec["edit_outcomes"] = [metrics.edit_outcome(r["pre_edit"].tolist(), r["tokens"].tolist(), r["accepted"],
+                                                         r["bonus"]) for r in spec.rounds]
     if save_text:
         rec["text"] = text
     return rec
@@ -127,7 +132,7 @@ def run_sample(target, drafter, sample, dc: DecodeConfig, ev, seed: int) -> list
         compare = ev.check_lossless is True or (ev.check_lossless == "auto" and dc.protocol == "greedy")
         lossless = (spec.tokens == ar.tokens) if (ar is not None and compare) else None
         text = target.decode(spec.tokens)
-        recs.append(_record(sample, turn, len(ids), spec, ar, text, lossless, ev.save_text))
+        recs.append(_record(sample, turn, len(ids), spec, ar, text, lossless, ev.save_text, dc.protocol == "greedy"))
         messages.append({"role": "assistant", "content": text})
     return recs
 

@@ -52,16 +52,20 @@ def build_blocks(ids, loss_mask, anchors, block_size: int, mask_token_id: int, g
     return Blocks(noise.flatten(), pos.flatten(), ids[at].flatten(), w.flatten(), anchors, block_size)
 
 
-def dense_mask(anchors: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
-    """Bool `[1, 1, Q, S+Q]` (True = attend) over keys [context S | blocks Q], Q = n*B."""
+def dense_mask(anchors: torch.Tensor, seq_len: int, block_size: int, causal: bool = False) -> torch.Tensor:
+    """Bool `[1, 1, Q, S+Q]` (True = attend) over keys [context S | blocks Q], Q = n*B. `causal` keeps only
+    the block's keys at or before the query (DEdit's causal-editor ablation)."""
     q = anchors.numel() * block_size
-    qb = torch.arange(q, device=anchors.device) // block_size                    # [Q] block of each query
+    qi = torch.arange(q, device=anchors.device)
+    qb = qi // block_size                                                        # [Q] block of each query
     ctx = torch.arange(seq_len, device=anchors.device)[None] < anchors[qb][:, None]    # [Q, S] strictly before
     own = qb[:, None] == qb[None]                                                # [Q, Q] same block
+    if causal:
+        own &= qi[None] <= qi[:, None]
     return torch.cat([ctx, own], dim=1)[None, None]
 
 
-def flex_mask(anchors: torch.Tensor, seq_len: int, block_size: int):
+def flex_mask(anchors: torch.Tensor, seq_len: int, block_size: int, causal: bool = False):
     """The same pattern as a sparse flex-attention BlockMask (GPU training at 512 anchors x 3072 tokens)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -69,7 +73,10 @@ def flex_mask(anchors: torch.Tensor, seq_len: int, block_size: int):
 
     def mask_mod(b, h, qi, ki):
         qb = qi // block_size
-        return torch.where(ki < seq_len, ki < anchors[qb], (ki - seq_len) // block_size == qb)
+        own = (ki - seq_len) // block_size == qb
+        if causal:
+            own = own & (ki - seq_len <= qi)
+        return torch.where(ki < seq_len, ki < anchors[qb], own)
 
     return create_block_mask(mask_mod, None, None, q, seq_len + q, device=anchors.device)
 

@@ -1,0 +1,133 @@
+"""DEdit (arXiv 2609.38510): a DFlash-architecture drafter that drafts by parallel unmasking, then edits its
+own draft with token-to-token passes in which later drafts act as right context for earlier ones. Only the
+abstract is public (research/methods.md §5): everything below it is a reconstruction, and every choice is a
+config key of `conf/drafter/dedit.yaml` (defaults explained there).
+
+One block, anchor a at position p, drafting window W >= K (the verified length):
+    pass 0 (unmask):   input [a, MASK x W]   -> logits l0 [W, V];  d = pick(l0);  c0 = max softmax(l0)
+    pass e = 1..E:     input [a, d_1..d_W]   -> logits le [W, V]  (real tokens, no masks; attention inside the
+                       block bidirectional, or lower-triangular with `edit.editor=causal`)
+                       edit_i = rule(le_i, d_i, c0_i);  d_i <- pick(le_i) where edit_i
+                       greedy: stop when a pass changes nothing (the next pass would see the same input)
+    propose d_1..d_K   (positions K+1..W are right context only); verification is unchanged, so lossless.
+Rules (`edit.rule`), all deterministic given the pass's logits and the current draft:
+    argmax          edit where argmax le_i != d_i
+    threshold       ... and max softmax(le_i) >= edit.threshold       (LLaDA2.1-style T2T editing)
+    low_confidence  ... and c0_i < edit.confidence                     (only revisit unsure first-pass tokens)
+Protocol B: pass 0 samples each row (as DFlash); each edit pass samples its candidates; there is no early stop.
+Given everything drawn before the last pass, the final d_i are independent across i, with
+q_i = softmax(l_last,i / T) where edit_i, else a point mass on the kept token — exactly the draft distribution
+the verifier needs (the target distribution is preserved whatever earlier passes did).
+Per round the proposal carries `info` = {passes run, the pass-0 draft} for the edit metrics (eval/metrics.py).
+A DEdit checkpoint is a DFlash-format checkpoint (the same weights, trained with the editing objective).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import check, one_of
+from . import dflash
+from .base import Proposal, Sampling
+
+RULES = ("argmax", "threshold", "low_confidence")
+EDITORS = ("bidirectional", "causal")
+
+
+def block_mask(ctx_len: int, q: int, causal: bool, device) -> torch.Tensor | None:
+    """Bool `[1, 1, Q, C+Q]` for one block: every context key, and the block's own keys (all of them, or
+    those at or before the query with `causal`). None = full attention."""
+    if not causal:
+        return None
+    own = torch.ones(q, q, dtype=torch.bool, device=device).tril()                         # [Q, Q]
+    return torch.cat([torch.ones(q, ctx_len, dtype=torch.bool, device=device), own], 1)[None, None]
+
+
+class DEditDrafter:
+    def __init__(self, backbone: dflash.DFlashDrafter, passes: int, window: int | None = None,
+                 verify: int | None = None, rule: str = "argmax", threshold: float = 0.5, confidence: float = 0.9,
+                 editor: str = "bidirectional", early_stop: bool = True):
+        one_of("drafter.edit.rule", rule, RULES)
+        one_of("drafter.edit.editor", editor, EDITORS)
+        w = backbone.block_size - 1 if window is None else int(window)
+        k = w if verify is None else int(verify)
+        check(isinstance(passes, int) and passes >= 0, f"drafter.edit.passes={passes!r}: expected an integer >= 0")
+        check(w >= 1, f"drafter.edit.window={window!r}: expected an integer >= 1")
+        check(1 <= k <= w, f"drafter.edit.verify={verify!r}: expected 1..window ({w}); the window holds the "
+                           f"verified drafts plus right context")
+        for name, v in (("threshold", threshold), ("confidence", confidence)):
+            check(isinstance(v, (int, float)) and 0.0 <= v <= 1.0, f"drafter.edit.{name}={v!r}: expected a "
+                                                                     f"probability in [0, 1]")
+        self.backbone, self.name = backbone, "dedit"
+        self.passes, self.window, self.max_drafts = passes, w, k
+        self.rule, self.threshold, self.confidence = rule, float(threshold), float(confidence)
+        self.causal, self.early_stop = editor == "causal", bool(early_stop)
+        self.tap_layers = backbone.tap_layers
+
+    def reset(self) -> None:
+        self.backbone.reset()
+
+    def prefill(self, taps) -> None:
+        self.backbone.prefill(taps)
+
+    def commit(self, n_accepted: int, taps) -> None:
+        self.backbone.commit(n_accepted, taps)
+
+    def logits(self, anchor: int, start: int, tokens: torch.Tensor | None) -> torch.Tensor:
+        """One pass over the window: `tokens [W]` (None = pass 0, all masks) → logits `[W, V]` of rows 1..W."""
+        b, w = self.backbone, self.window
+        dev = b.model.fc.weight.device
+        ids = torch.full((1, w + 1), b.mask_token_id, device=dev)
+        ids[0, 0] = anchor
+        if tokens is not None:
+            ids[0, 1:] = tokens                                                             # [1, W+1]
+        pos = torch.arange(start, start + w + 1, device=dev)[None]                          # [1, W+1]
+        mask = block_mask(b.ctx_len, w + 1, self.causal and tokens is not None, dev)
+        hidden = b.model(b.embed(ids), pos, b.ctx, mask)                                    # [1, W+1, H]
+        return b.lm_head(hidden[0, 1:])                                                     # [W, V]
+
+    def edits(self, probs: torch.Tensor, draft: torch.Tensor, conf0: torch.Tensor) -> torch.Tensor:
+        """Bool `[W]`: where the rule lets this pass replace the current draft (probs `[W, V]` at T = 1)."""
+        top_p, top = probs.max(-1)                                                          # [W]
+        edit = top != draft
+        if self.rule == "threshold":
+            edit &= top_p >= self.threshold
+        elif self.rule == "low_confidence":
+            edit &= conf0 < self.confidence
+        return edit
+
+    @torch.inference_mode()
+    def propose(self, anchor: int, start: int, k: int, sampling: Sampling | None) -> Proposal:
+        l = self.logits(anchor, start, None)                                                # [W, V]
+        p = torch.softmax(l.float(), -1)                                                    # [W, V]
+        conf0 = p.amax(-1)                                                                  # [W]
+        draft, q = self._pick(l, sampling)
+        pre, passes = draft[:k].clone(), 0
+        for e in range(1, self.passes + 1):
+            l = self.logits(anchor, start, draft)
+            edit = self.edits(torch.softmax(l.float(), -1), draft, conf0)                    # [W]
+            cand, q_new = self._pick(l, sampling)
+            new = torch.where(edit, cand, draft)                                            # [W]
+            passes = e
+            if sampling is not None:            # the kept tokens are point masses given the pass's input
+                keep = torch.nn.functional.one_hot(draft, l.shape[-1]).to(q_new.dtype)
+                q = torch.where(edit[:, None], q_new, keep)                                 # [W, V]
+            elif self.early_stop and torch.equal(new, draft):
+                break
+            draft = new
+        info = {"passes": passes, "pre_edit": pre}
+        return Proposal(draft[:k], None if q is None else q[:k], info=info)
+
+    @staticmethod
+    def _pick(logits: torch.Tensor, sampling: Sampling | None):
+        if sampling is None:
+            return logits.argmax(-1), None
+        q = torch.softmax(logits.float() / sampling.temperature, -1)                       # [W, V]
+        return torch.multinomial(q, 1, generator=sampling.generator)[:, 0], q
+
+
+def build(cfg, target) -> DEditDrafter:
+    """`drafter=dedit`: the DFlash backbone as `drafter=dflash` builds it (init random / checkpoint), with the
+    drafting and editing options of `drafter.edit`."""
+    e = cfg.edit
+    return DEditDrafter(dflash.build(cfg, target), e.passes, e.window, e.verify, e.rule, e.threshold,
+                        e.confidence, e.editor, e.early_stop)
