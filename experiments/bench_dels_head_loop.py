@@ -1,5 +1,6 @@
-"""Per-block cost of the DeLS-Spec sequential head loop (K-1 fused positions after DFlash's first draft) at
-Qwen3-8B shapes with random weights: eager torch vs eager Triton vs CUDA graph + Triton (and + torch).
+"""Per-block cost of the sequential loops (drafters/sequential.py: DeLS-Spec's RNN / Markov heads and Domino-FT's
+prefix GRU + residual head; K-1 corrected positions after DFlash's first draft) at Qwen3-8B shapes with random
+weights: eager torch vs eager Triton vs CUDA graph + Triton (and + torch).
 Checks that every variant drafts the same tokens. Prints a markdown table; never imported by the library.
 
     python experiments/bench_dels_head_loop.py                      # GPU: V=151936, H=4096, K=15, bf16
@@ -11,7 +12,7 @@ import time
 
 import torch
 
-from specexp.drafters import dels
+from specexp.drafters import dels, domino
 
 
 class _NoBackbone:
@@ -20,6 +21,12 @@ class _NoBackbone:
 
 def make(kind, V, H, K, dtype, device, backend, graph, seed=0):
     g = torch.Generator().manual_seed(seed)
+    if kind == "domino":                                              # reference sizes: GRU 1024, rank 256
+        head = domino.random_head(domino.DominoConfig(H, V), seed, 0.02)
+        bb = _NoBackbone()
+        bb.block_size = K + 1                                         # unshifted: rows 1..K are the drafts
+        embed = (torch.randn(V, H, generator=g) * 0.02).to(device, dtype)
+        return domino.DominoDrafter(bb, head, embed, 1.0, backend, graph)
     c = dels.LocalHeadConfig(kind, H, V)                               # reference sizes: 256 / 1024 / 256
     head = dels.random_head(c, seed, 0.02)
     embed = (torch.randn(V, H, generator=g) * 0.02).to(device, dtype)
@@ -36,16 +43,16 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def bench(drafter, long, iters, warmup=3):
-    device, K = long.device, long.shape[0]
+def bench(drafter, x, iters, warmup=3):
+    device, K = x["long"].device, x["long"].shape[0]
     bufs = (torch.empty(K, dtype=torch.long, device=device), torch.empty(K, device=device),
             torch.empty(K, drafter.rank, dtype=drafter.zero_z.dtype, device=device))
 
     def once():
         if drafter.graphs is not None:
-            return drafter._replay({"long": long}, 0.0, None)[0]
+            return drafter._replay(x, 0.0, None)[0]
         with torch.inference_mode():
-            drafter.draft({"long": long}, *bufs)
+            drafter.draft(x, *bufs)
         return bufs[0]
 
     for _ in range(warmup):
@@ -74,15 +81,18 @@ def main():
     variants = [("eager", "torch", False)]
     if device.type == "cuda":
         variants += [("eager", "triton", False), ("CUDA graph", "torch", True), ("CUDA graph", "triton", True)]
-    print(f"DeLS head loop per block: V={args.vocab}, H={args.hidden}, K={args.drafts}, {dtype}, "
+    print(f"Sequential loop per block: V={args.vocab}, H={args.hidden}, K={args.drafts}, {dtype}, "
           f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}; median of {args.iters}\n")
     print("| head | loop | fusion | ms / block | µs / position | speedup vs eager torch | same tokens |")
     print("|---|---|---|---:|---:|---:|:---:|")
-    for kind in ("rnn", "markov"):
+    hidden = (torch.randn(args.drafts, args.hidden) * 0.5).to(device, dtype)        # DFlash rows [K, H]
+    for kind in ("rnn", "markov", "domino"):
+        x = {"long": long} if kind != "domino" else {"long": long, "hidden": hidden,
+                                                     "anchor": torch.tensor(7, device=device)}
         base = ref = None
         for loop, backend, graph in variants:
             d = make(kind, args.vocab, args.hidden, args.drafts, dtype, device, backend, graph)
-            ms, tokens = bench(d, long, args.iters)
+            ms, tokens = bench(d, x, args.iters)
             base, ref = (ms, tokens) if base is None else (base, ref)
             same = "yes" if torch.equal(tokens, ref) else "NO"
             print(f"| {kind} | {loop} | {backend} | {ms:.3f} | {ms * 1e3 / args.drafts:.1f} | {base / ms:.2f}× | {same} |")
