@@ -45,7 +45,7 @@ def test_issue_command_writes_the_contract(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args, expected", [
-    (["drafter=foo"], "drafter=foo is not an option; choose one of: dels_markov, dels_rnn, dflash, none"),
+    (["drafter=foo"], "drafter=foo is not an option; choose one of: dedit, dels_markov, dels_rnn, dflash, domino_ft, none"),
     (["target=qwen3_9b"], "choose one of: hf, qwen3_4b, qwen3_8b, smollm2_135m, tiny_qwen3"),
     (["eval.nums=3"], "unknown key 'eval.nums'; valid keys under 'eval': check_lossless, max_new_tokens"),
     (["drafter=dflash", "drafter.checkpoint=/nonexistent/ckpt", "target=tiny_qwen3", "drafter.init=checkpoint",
