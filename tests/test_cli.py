@@ -143,3 +143,14 @@ def test_sampling_run_is_reproducible_and_ar_only_run(cfg_factory, tmp_path):
                                         "drafter=none"), tmp_path / "ar")
     assert ar["drafter"] == "none" and ar["benchmarks"]["alpaca"]["tau"] == 1.0
     assert ar["benchmarks"]["alpaca"]["speedup"] is None
+
+
+def test_precheck_leaves_the_keys_of_a_sweep_file_to_hydra():
+    """`--config-name` picks another primary config (sweeps/dedit.yaml selects drafter=dedit): its keys are not
+    the default config's, so the precheck must not refuse them."""
+    from specexp.cli import precheck
+
+    precheck(["-m", "--config-dir", "sweeps", "--config-name", "dedit", "drafter.edit.passes=2",
+              "drafter.edit.window=4,5"])                                    # returns: no SystemExit
+    with pytest.raises(SystemExit):
+        precheck(["drafter.edit.passes=2"])                                 # the default drafter has no edit keys

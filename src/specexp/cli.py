@@ -62,6 +62,9 @@ def precheck(argv: list[str]) -> None:
                 if str(v) not in options[key]:
                     fail(f"{key}={v} is not an option; choose one of: {', '.join(options[key])}")
             group_args.append(f"{o.get_key_element()}={values[0]}")
+    if any(a in ("--config-name", "-cn", "--config-dir", "-cd") or a.startswith(("--config-name=", "--config-dir="))
+           for a in argv):
+        return                  # another primary config (a sweep file): its keys are Hydra's to check
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="config", overrides=group_args)
