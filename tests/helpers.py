@@ -85,3 +85,22 @@ class ToyDrafter(_Stateless):
             if p.q is not None:
                 qs.append(p.q[0])
         return Proposal(torch.tensor(toks, dtype=torch.long), torch.stack(qs) if qs else None)
+
+
+def chi2_pvalue_against_toy(target_table: torch.Tensor, temperature: float, counts: dict, n_runs: int) -> float:
+    """χ² p-value of observed first-`steps` token sequences (keys of `counts`, generated from token 0) against a
+    ToyTarget's exact sequence distribution at `temperature`."""
+    import itertools
+
+    from scipy.stats import chisquare
+
+    steps, v = len(next(iter(counts))), target_table.shape[0]
+    p = torch.softmax(target_table.double() / temperature, -1)
+    probs = {}
+    for seq in itertools.product(range(v), repeat=steps):
+        prev, pr = 0, 1.0
+        for tok in seq:
+            pr, prev = pr * float(p[prev, tok]), tok
+        probs[seq] = pr
+    keys = sorted(probs)
+    return chisquare([counts.get(s, 0) for s in keys], [probs[s] * n_runs for s in keys]).pvalue

@@ -1,13 +1,10 @@
 """DEdit: greedy == AR for any passes / window / rule / editor; with E = 0 the drafts are the DFlash backbone's;
 the causal editor really hides later positions; protocol B keeps the target distribution with edited drafts;
 the edit metrics classify rounds exactly; bad options are one-line errors."""
-import itertools
-
 import pytest
 import torch
-from scipy.stats import chisquare
 
-from helpers import ToyTarget, _Stateless
+from helpers import ToyTarget, _Stateless, chi2_pvalue_against_toy
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters import dedit
@@ -145,15 +142,7 @@ def _dist_test(n_runs, **kw):
         assert out.drafted[0] == 3
         counts[tuple(out.tokens[:steps])] = counts.get(tuple(out.tokens[:steps]), 0) + 1
         deep += out.accept_lengths[0] >= 3
-    p = torch.softmax(target_table.double() / T, -1)
-    probs = {}
-    for seq in itertools.product(range(V), repeat=steps):
-        prev, pr = 0, 1.0
-        for tok in seq:
-            pr, prev = pr * float(p[prev, tok]), tok
-        probs[seq] = pr
-    keys = sorted(probs)
-    return chisquare([counts.get(s, 0) for s in keys], [probs[s] * n_runs for s in keys]).pvalue, deep
+    return chi2_pvalue_against_toy(target_table, T, counts, n_runs), deep
 
 
 @pytest.mark.parametrize("rule", ["argmax", "threshold"])

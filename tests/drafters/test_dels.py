@@ -3,9 +3,8 @@ drafts, the fusion loop equals the formula written out by hand (through torch.nn
 inference path), alpha = beta = 0 gives DFlash's drafts, and bad fusion weights or heads are one-line errors."""
 import pytest
 import torch
-from scipy.stats import chisquare
 
-from helpers import ToyTarget, _Stateless
+from helpers import ToyTarget, _Stateless, chi2_pvalue_against_toy
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters import dels
@@ -108,8 +107,6 @@ def test_fusion_loop_equals_the_formula(kind):
 def _dist_test(backend, n_runs):
     """χ² of the first 4 generated tokens against the toy target's exact distribution; protocol B. With
     3 drafts per block and 5 new tokens, the first block drafts 3 tokens, 2 of them fused."""
-    import itertools
-
     V, steps, T = 3, 4, 0.8
     g = torch.Generator().manual_seed(0)
     target_table = torch.randn(V, V, generator=g) * 1.5
@@ -127,15 +124,7 @@ def _dist_test(backend, n_runs):
         assert out.drafted[0] == 3
         counts[tuple(out.tokens[:steps])] = counts.get(tuple(out.tokens[:steps]), 0) + 1
         deep += out.accept_lengths[0] >= 3                      # the fused drafts 2 (and 3) were accepted
-    p = torch.softmax(target_table.double() / T, -1)
-    probs = {}
-    for seq in itertools.product(range(V), repeat=steps):
-        prev, pr = 0, 1.0
-        for tok in seq:
-            pr, prev = pr * float(p[prev, tok]), tok
-        probs[seq] = pr
-    keys = sorted(probs)
-    return chisquare([counts.get(s, 0) for s in keys], [probs[s] * n_runs for s in keys]).pvalue, deep
+    return chi2_pvalue_against_toy(target_table, T, counts, n_runs), deep
 
 
 def test_protocol_b_with_fused_drafts_keeps_the_target_distribution():

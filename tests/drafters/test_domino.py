@@ -1,13 +1,10 @@
 """Domino-FT: label/inference alignment (a head trained on one sequence reproduces it through the drafter,
 under both alignments), greedy == AR, the correction loop equals the formula written through the nn.Module,
 protocol B keeps the target distribution, the CUDA-graph path's buffers, and one-line errors."""
-import itertools
-
 import pytest
 import torch
-from scipy.stats import chisquare
 
-from helpers import ToyTarget, _Stateless
+from helpers import ToyTarget, _Stateless, chi2_pvalue_against_toy
 
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
@@ -133,15 +130,7 @@ def _dist_test(backend, n_runs):
         assert out.drafted[0] == 3
         counts[tuple(out.tokens[:steps])] = counts.get(tuple(out.tokens[:steps]), 0) + 1
         deep += out.accept_lengths[0] >= 3                       # a corrected draft was accepted
-    p = torch.softmax(target_table.double() / T, -1)
-    probs = {}
-    for seq in itertools.product(range(V), repeat=steps):
-        prev, pr = 0, 1.0
-        for tok in seq:
-            pr, prev = pr * float(p[prev, tok]), tok
-        probs[seq] = pr
-    keys = sorted(probs)
-    return chisquare([counts.get(s, 0) for s in keys], [probs[s] * n_runs for s in keys]).pvalue, deep
+    return chi2_pvalue_against_toy(target_table, T, counts, n_runs), deep
 
 
 def test_protocol_b_keeps_the_target_distribution():
