@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..drafters.base import Drafter, Proposal, Sampling
-from ..eval.timing import now
+from ..clock import now
 from .verify import verify
 
 
