@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 BENCH = ["gsm8k", "math500", "aime25", "humaneval", "mbpp", "livecodebench", "mt_bench"]
-# Paper Table 1, cells = (speedup, tau); research/dflash.md §4.
+# Paper Table 1, cells = (speedup, tau); as published (arXiv 2602.06036).
 PAPER = {
     ("qwen3_4b", 0.0): [(5.15, 6.53), (6.09, 7.84), (5.68, 7.27), (5.21, 6.64), (4.78, 6.09), (5.41, 7.09), (2.85, 4.35)],
     ("qwen3_8b", 0.0): [(5.15, 6.54), (6.08, 7.87), (5.62, 7.08), (5.14, 6.50), (4.65, 5.95), (5.51, 7.27), (2.75, 4.24)],

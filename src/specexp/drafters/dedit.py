@@ -1,6 +1,6 @@
 """DEdit (arXiv 2609.38510): a DFlash-architecture drafter that drafts by parallel unmasking, then edits its
 own draft with token-to-token passes in which later drafts act as right context for earlier ones. Only the
-abstract is public (research/methods.md §5): everything below it is a reconstruction, and every choice is a
+abstract is public (docs/methods.md, DEdit): everything below it is a reconstruction, and every choice is a
 config key of `conf/drafter/dedit.yaml` (defaults explained there).
 
 One block, anchor a at position p, drafting window W >= K (the verified length):

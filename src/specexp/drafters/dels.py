@@ -1,5 +1,5 @@
 """DeLS-Spec (arXiv 2607.07409): a frozen DFlash drafter (the long-context expert) fused with a small local
-head (the short-context expert) and a unigram prior. Facts: research/methods.md §2 (official runtime).
+head (the short-context expert) and a unigram prior. See docs/methods.md, DeLS-Spec (from the official runtime).
 
 Per block of K drafts (K = DFlash's max_drafts):
     d1            = pick(long_1)                                  DFlash alone

@@ -1,5 +1,5 @@
 """Domino-FT (arXiv 2605.29707, as DeLS-Spec's baseline): a frozen DFlash drafter whose logits are corrected by
-a GRU over the drafted prefix and a low-rank residual head. Facts: research/methods.md §3 (the first
+a GRU over the drafted prefix and a low-rank residual head. See docs/methods.md, Domino-FT (from the first
 author's SpecForge port and the DeLS runtime's Domino path).
 
 Per block (z_k = DFlash hidden after the final norm at block row k, u_k = W_lm z_k its logits):

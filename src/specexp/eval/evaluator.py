@@ -1,7 +1,7 @@
 """The evaluator: runs every benchmark sample through the engine with the drafter and with no drafter (the
 AR baseline), writes one `samples.jsonl` record per turn as each sample finishes, and summarises.
 
-Files in the run directory (the results contract of DESIGN.md):
+Files in the run directory (the results contract; see docs/architecture.md):
   samples.jsonl   appended as each sample finishes; a rerun into the same directory skips finished samples
   summary.json    per-benchmark τ, speedup, TPOT, per-position acceptance, τ histogram, lossless mismatches
   summary.md      the table printed to the terminal

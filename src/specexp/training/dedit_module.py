@@ -1,4 +1,4 @@
-"""DEdit training (drafters/dedit.py; research/methods.md §5, a reconstruction): the DFlash objective on the
+"""DEdit training (drafters/dedit.py; docs/methods.md, DEdit: a reconstruction): the DFlash objective on the
 masked block (pass 0) plus an editing objective on ProposalMix inputs.
 
 Per anchored block (the DFlash layout of training/anchors.py, weights w_k = exp(-(k-1)/gamma)):

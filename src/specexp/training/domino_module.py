@@ -1,5 +1,5 @@
 """Domino-FT training: the Domino head on a frozen DFlash backbone, with target hidden states (online or from
-the feature cache) and the DFlash block layout (training/anchors.py). Facts: research/methods.md §3.2.
+the feature cache) and the DFlash block layout (training/anchors.py). See docs/methods.md, Domino-FT.
 
 Teacher forcing: the GRU reads the ground-truth block tokens [x_a, x_{a+1}, ...] from a zero state. Rows:
 - unshifted: row k predicts x_{a+k}; rows k >= 2 are corrected with the state after x_a..x_{a+k-1};

@@ -1,5 +1,5 @@
 """DeLS-Spec local heads: plain next-token prediction on the head's training data (no target hidden states,
-no DFlash in the loop), and the unigram prior of the same data. Facts: research/methods.md §2.2-2.4.
+no DFlash in the loop), and the unigram prior of the same data. See docs/methods.md, DeLS-Spec.
 
 - rnn: anchored blocks (anchors drawn as for DFlash, among response positions a <= S - B), inputs = the
   tokens at offsets 0..B-2, targets = offsets 1..B-1, zero GRU state per block (teacher forced), loss weight
