@@ -32,12 +32,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import checkpoints as ckpt
 from ..errors import UserError, check, one_of
-from ..kernels.fusion import BACKENDS
 from . import dflash
-from .sequential import SequentialDrafter
+from .sequential import SequentialDrafter, check_fusion_options, random_init
+from .sequential import head_init as resolve_head_init
 
-CONFIG_FILE, WEIGHTS_FILE, PRIOR_FILE = "config.json", "model.safetensors", "log_prior.safetensors"
+WEIGHTS_FILE, PRIOR_FILE = ckpt.WEIGHTS_FILE, "log_prior.safetensors"
 FUSION_WEIGHTS_FILE = "fusion_weights.json"     # learned per-position alpha/beta (fusion=learned)
 KINDS = ("rnn", "markov")
 ACTIVATIONS = {"silu": F.silu, "identity": lambda x: x}
@@ -118,40 +119,15 @@ def make_head(c: LocalHeadConfig) -> nn.Module:
 
 
 def save_head(head: nn.Module, path: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
-    """config.json + model.safetensors, replaced atomically."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in head.state_dict().items()}
-    save_file(state, path / (WEIGHTS_FILE + ".tmp"), metadata={"format": "pt"})
-    (path / (CONFIG_FILE + ".tmp")).write_text(json.dumps(head.config.to_dict(), indent=2) + "\n")
-    os.replace(path / (WEIGHTS_FILE + ".tmp"), path / WEIGHTS_FILE)
-    os.replace(path / (CONFIG_FILE + ".tmp"), path / CONFIG_FILE)
+    ckpt.save_module(head, path, head.config.to_dict(), dtype)
 
 
 def load_head(path: str | os.PathLike, where: str) -> nn.Module:
-    """Strict: a missing, unexpected or misshapen tensor is one clear error."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    check(path.is_dir(), f"{where}: no such directory")
-    check((path / CONFIG_FILE).exists() and (path / WEIGHTS_FILE).exists(),
-          f"{where}: expected {CONFIG_FILE} and {WEIGHTS_FILE} (train one with task=train drafter=dels_rnn|dels_markov)")
-    try:
-        raw = json.loads((path / CONFIG_FILE).read_text())
-        state = load_file(path / WEIGHTS_FILE)
-    except Exception as e:
-        raise UserError(f"{where}: cannot read the head ({type(e).__name__}: {e})") from None
-    head = make_head(LocalHeadConfig.from_dict(raw, where))
-    expected = head.state_dict()
-    for kind, keys in (("missing", sorted(set(expected) - set(state))), ("unexpected", sorted(set(state) - set(expected)))):
-        check(not keys, f"{where}: {kind} tensor {keys[0] if keys else ''}")
-    for k, t in state.items():
-        check(t.shape == expected[k].shape,
-              f"{where}: {k} has shape {list(t.shape)}, config.json implies {list(expected[k].shape)}")
-    head.load_state_dict(state, strict=True)
-    return head
+    """Strict (specexp/checkpoints.py): a missing, unexpected or misshapen tensor is one clear error."""
+    check(Path(path).is_dir(),
+          f"{where}: no such directory (train a head with task=train drafter=dels_rnn|dels_markov)")
+    head = make_head(LocalHeadConfig.from_dict(ckpt.read_config(path, where), where))
+    return ckpt.load_module(head, path, where)
 
 
 # ------------------------------------------------------------------------------------------ unigram prior
@@ -175,9 +151,9 @@ def save_prior(counts: torch.Tensor, path: str | os.PathLike, smoothing: float, 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     out = path / PRIOR_FILE
-    save_file({"counts": counts.to(torch.int64).contiguous(), "log_prior": log_prior_from_counts(counts, smoothing)},
-              path / (PRIOR_FILE + ".tmp"), metadata={"smoothing": str(smoothing), "source": json.dumps(source)})
-    os.replace(path / (PRIOR_FILE + ".tmp"), out)
+    tensors = {"counts": counts.to(torch.int64).contiguous(), "log_prior": log_prior_from_counts(counts, smoothing)}
+    meta = {"smoothing": str(smoothing), "source": json.dumps(source)}
+    ckpt.replace_atomic(out, lambda tmp: save_file(tensors, tmp, metadata=meta))
     return out
 
 
@@ -187,9 +163,12 @@ def load_prior(path: str | os.PathLike, vocab_size: int, smoothing: float, where
 
     f = Path(path) / PRIOR_FILE
     check(f.exists(), f"{where}: no {PRIOR_FILE} beside the head (make one with task=prior)")
-    with safe_open(str(f), "pt") as st:
-        stored = float(st.metadata().get("smoothing", "nan"))
-        counts, lp = st.get_tensor("counts"), st.get_tensor("log_prior")
+    try:
+        with safe_open(str(f), "pt") as st:
+            stored = float((st.metadata() or {}).get("smoothing", "nan"))
+            counts, lp = st.get_tensor("counts"), st.get_tensor("log_prior")
+    except Exception as e:                      # torn or foreign file, or a tensor missing
+        raise UserError(f"{where}: cannot read {PRIOR_FILE} ({type(e).__name__}: {e})") from None
     check(counts.numel() <= vocab_size, f"{where}: prior covers {counts.numel()} tokens, target vocab is {vocab_size}")
     if counts.numel() < vocab_size or stored != smoothing:
         lp = log_prior_from_counts(F.pad(counts, (0, vocab_size - counts.numel())), smoothing)
@@ -279,13 +258,7 @@ class DeLSDrafter(SequentialDrafter):
 
 # ---------------------------------------------------------------------------------------------- builder
 def random_head(c: LocalHeadConfig, seed: int, std: float) -> nn.Module:
-    """Every weight N(0, std) (the zero-init up-projection too, so a random head has an opinion)."""
-    g = torch.Generator().manual_seed(seed)
-    head = make_head(c)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * std)
-    return head
+    return random_init(make_head(c), seed, std)
 
 
 def random_prior(vocab_size: int, seed: int) -> torch.Tensor:
@@ -305,23 +278,14 @@ def build(cfg, target) -> DeLSDrafter:
     builds it (`init`), the local head and its prior by `head.init` (auto = random with a random backbone,
     else the head checkpoint, which must then be set), fusion weights from `fusion`."""
     fu = cfg.fusion
-    one_of("fusion.kernel", fu.kernel, BACKENDS)
-    one_of("fusion.cuda_graph", fu.cuda_graph, ("auto", True, False))
-    head_init, head_ckpt = cfg.head.init, cfg.head.get("checkpoint")
-    if head_init == "auto":
-        random_backbone = cfg.init == "random" or (cfg.init == "auto" and not cfg.get("checkpoint"))
-        check(bool(head_ckpt) or random_backbone,
-              f"no DeLS head for target {target.name}: train one with task=train drafter={cfg.name} and pass "
-              f"drafter.head.checkpoint=DIR (drafter.head.init=random runs a random head: τ then means nothing)")
-        head_init = "random" if random_backbone else "checkpoint"
-    one_of("drafter.head.init", head_init, ("random", "checkpoint"))
+    check_fusion_options(fu)
+    head_init = resolve_head_init(cfg, target, f"task=train drafter={cfg.name}")
+    head_ckpt = cfg.head.get("checkpoint")
     backbone = dflash.build(cfg, target)
     if head_init == "random":
         head = random_head(head_config(cfg, target), cfg.seed, cfg.head.init_std)
         log_prior = log_prior_from_counts(random_prior(target.vocab_size, cfg.seed), cfg.prior.smoothing)
     else:
-        check(bool(head_ckpt), f"drafter.head.init=checkpoint needs drafter.head.checkpoint=DIR (train one with "
-                               f"task=train drafter={cfg.name})")
         where = f"drafter.head.checkpoint={str(head_ckpt)!r}"
         path = dflash.resolve_checkpoint(str(head_ckpt))
         head = load_head(path, where)

@@ -24,11 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import checkpoints as ckpt
 from ..errors import UserError, check
 from .base import Proposal, Sampling, choose
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = "config.json", "model.safetensors", "model.safetensors.index.json"
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -237,55 +237,18 @@ class DFlashDraftModel(nn.Module):
     # ------------------------------------------------------------------------------------ checkpoints
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype | None = None,
-                        device: str | torch.device = "cpu") -> "DFlashDraftModel":
-        """Load a z-lab-format checkpoint directory strictly: a missing, unexpected or misshapen key is an error."""
-        from safetensors.torch import load_file
-
-        path = Path(path)
-        check(path.is_dir(), f"drafter.checkpoint={str(path)!r}: no such directory")
-        check((path / CONFIG_FILE).exists(), f"drafter.checkpoint={str(path)!r}: no {CONFIG_FILE}")
-        try:
-            raw = json.loads((path / CONFIG_FILE).read_text())
-        except json.JSONDecodeError as e:
-            raise UserError(f"drafter.checkpoint={str(path)!r}: {CONFIG_FILE} is not valid JSON ({e})") from None
-        config = DFlashConfig.from_dict(raw)
-        if (path / INDEX_FILE).exists():
-            shards = sorted(set(json.loads((path / INDEX_FILE).read_text())["weight_map"].values()))
-        else:
-            check((path / WEIGHTS_FILE).exists(), f"drafter.checkpoint={str(path)!r}: no {WEIGHTS_FILE}")
-            shards = [WEIGHTS_FILE]
-        state = {}
-        for shard in shards:
-            try:
-                state.update(load_file(path / shard))
-            except Exception as e:
-                raise UserError(f"drafter.checkpoint={str(path)!r}: cannot read {shard} ({e})") from None
+                        device: str | torch.device = "cpu", where: str | None = None) -> "DFlashDraftModel":
+        """Load a z-lab-format checkpoint directory strictly (specexp/checkpoints.py)."""
+        where = where or f"drafter.checkpoint={str(path)!r}"
+        config = DFlashConfig.from_dict(ckpt.read_config(path, where))
         with torch.device("meta"):
             model = cls(config)
-        expected = model.state_dict()
-        missing = sorted(set(expected) - set(state))
-        unexpected = sorted(set(state) - set(expected))
-        for kind, keys in (("missing", missing), ("unexpected", unexpected)):
-            more = f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
-            check(not keys, f"drafter.checkpoint={str(path)!r}: {kind} key {keys[0] if keys else ''}{more}")
-        for k, t in state.items():
-            check(t.shape == expected[k].shape, f"drafter.checkpoint={str(path)!r}: {k} has shape "
-                                                f"{list(t.shape)}, config.json implies {list(expected[k].shape)}")
-        model.load_state_dict(state, strict=True, assign=True)          # weights keep the file's dtype
+        ckpt.load_module(model, path, where)                   # weights keep the file's dtype
         return model.to(device=device, dtype=dtype).eval()
 
     def save_pretrained(self, path: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
-        """Write config.json + model.safetensors (z-lab key names); files are replaced atomically."""
-        from safetensors.torch import save_file
-
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in self.state_dict().items()}
-        tmp_w, tmp_c = path / (WEIGHTS_FILE + ".tmp"), path / (CONFIG_FILE + ".tmp")
-        save_file(state, tmp_w, metadata={"format": "pt"})
-        tmp_c.write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
-        os.replace(tmp_w, path / WEIGHTS_FILE)
-        os.replace(tmp_c, path / CONFIG_FILE)
+        """Write config.json + model.safetensors (z-lab key names), each file replaced atomically."""
+        ckpt.save_module(self, path, self.config.to_dict(), dtype)
 
 
 def init_weights(model: DFlashDraftModel, seed: int, std: float = 0.02) -> DFlashDraftModel:

@@ -19,9 +19,7 @@ Checkpoint (a directory): config.json + model.safetensors (`prefix_gru.*`, `embe
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -29,12 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import checkpoints as ckpt
 from ..errors import UserError, check, one_of
-from ..kernels.fusion import BACKENDS
 from . import dflash
-from .sequential import SequentialDrafter
+from .sequential import SequentialDrafter, check_fusion_options, random_init
+from .sequential import head_init as resolve_head_init
 
-CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+WEIGHTS_FILE = ckpt.WEIGHTS_FILE
 ALIGNMENTS = ("unshifted", "shifted")
 
 
@@ -85,37 +84,14 @@ class DominoHead(nn.Module):
 
 
 def save_head(head: DominoHead, path, dtype=None) -> None:
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in head.state_dict().items()}
-    save_file(state, path / (WEIGHTS_FILE + ".tmp"), metadata={"format": "pt"})
-    (path / (CONFIG_FILE + ".tmp")).write_text(json.dumps(head.config.to_dict(), indent=2) + "\n")
-    os.replace(path / (WEIGHTS_FILE + ".tmp"), path / WEIGHTS_FILE)
-    os.replace(path / (CONFIG_FILE + ".tmp"), path / CONFIG_FILE)
+    ckpt.save_module(head, path, head.config.to_dict(), dtype)
 
 
 def load_head(path, where: str) -> DominoHead:
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    check(path.is_dir(), f"{where}: no such directory")
-    check((path / CONFIG_FILE).exists() and (path / WEIGHTS_FILE).exists(),
-          f"{where}: expected {CONFIG_FILE} and {WEIGHTS_FILE} (train one with task=train drafter=domino_ft)")
-    try:
-        raw, state = json.loads((path / CONFIG_FILE).read_text()), load_file(path / WEIGHTS_FILE)
-    except Exception as e:
-        raise UserError(f"{where}: cannot read the head ({type(e).__name__}: {e})") from None
-    head = DominoHead(DominoConfig.from_dict(raw, where))
-    expected = head.state_dict()
-    for kind, keys in (("missing", sorted(set(expected) - set(state))), ("unexpected", sorted(set(state) - set(expected)))):
-        check(not keys, f"{where}: {kind} tensor {keys[0] if keys else ''}")
-    for k, t in state.items():
-        check(t.shape == expected[k].shape,
-              f"{where}: {k} has shape {list(t.shape)}, config.json implies {list(expected[k].shape)}")
-    head.load_state_dict(state, strict=True)
-    return head
+    """Strict (specexp/checkpoints.py): a missing, unexpected or misshapen tensor is one clear error."""
+    check(Path(path).is_dir(), f"{where}: no such directory (train a head with task=train drafter=domino_ft)")
+    head = DominoHead(DominoConfig.from_dict(ckpt.read_config(path, where), where))
+    return ckpt.load_module(head, path, where)
 
 
 class DominoDrafter(SequentialDrafter):
@@ -166,12 +142,7 @@ class DominoDrafter(SequentialDrafter):
 
 
 def random_head(c: DominoConfig, seed: int, std: float) -> DominoHead:
-    g = torch.Generator().manual_seed(seed)
-    head = DominoHead(c)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * std)
-    return head
+    return random_init(DominoHead(c), seed, std)
 
 
 def build(cfg, target) -> DominoDrafter:
@@ -179,26 +150,18 @@ def build(cfg, target) -> DominoDrafter:
     for the DeLS heads: random with a random backbone, else the head checkpoint, which must then be set)."""
     h = cfg.head
     one_of("drafter.head.alignment", h.alignment, ALIGNMENTS)
-    one_of("fusion.kernel", cfg.fusion.kernel, BACKENDS)
-    one_of("fusion.cuda_graph", cfg.fusion.cuda_graph, ("auto", True, False))
+    check_fusion_options(cfg.fusion)
     check(isinstance(h.guidance, (int, float)) and math.isfinite(h.guidance),
           f"drafter.head.guidance={h.guidance!r} is not a finite number")
-    head_init, ckpt = h.init, h.get("checkpoint")
-    if head_init == "auto":
-        random_backbone = cfg.init == "random" or (cfg.init == "auto" and not cfg.get("checkpoint"))
-        check(bool(ckpt) or random_backbone,
-              f"no Domino head for target {target.name}: train one with task=train drafter=domino_ft and pass "
-              f"drafter.head.checkpoint=DIR (drafter.head.init=random runs a random head)")
-        head_init = "random" if random_backbone else "checkpoint"
-    one_of("drafter.head.init", head_init, ("random", "checkpoint"))
+    head_init = resolve_head_init(cfg, target, "task=train drafter=domino_ft")
+    ckpt_dir = h.get("checkpoint")
     backbone = dflash.build(cfg, target)
     if head_init == "random":
         c = DominoConfig(target.hidden_size, target.vocab_size, h.gru_hidden, h.emb_dim, h.alignment)
         head = random_head(c, cfg.seed, h.init_std)
     else:
-        check(bool(ckpt), "drafter.head.init=checkpoint needs drafter.head.checkpoint=DIR")
-        where = f"drafter.head.checkpoint={str(ckpt)!r}"
-        head = load_head(dflash.resolve_checkpoint(str(ckpt)), where)
+        where = f"drafter.head.checkpoint={str(ckpt_dir)!r}"
+        head = load_head(dflash.resolve_checkpoint(str(ckpt_dir)), where)
         c = head.config
         check(c.hidden_size == target.hidden_size and c.vocab_size == target.vocab_size,
               f"{where}: head for hidden {c.hidden_size} / vocab {c.vocab_size} does not fit target {target.name}")

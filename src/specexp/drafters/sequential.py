@@ -18,9 +18,42 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import check
-from ..kernels.fusion import TritonFusion, fuse_torch, fused_logits, gumbel, pick_backend
+from ..errors import check, one_of
+from ..kernels.fusion import BACKENDS, TritonFusion, fuse_torch, fused_logits, gumbel, pick_backend
 from .base import LazyDist, Proposal, Sampling
+
+
+def check_fusion_options(fusion) -> None:
+    """The `fusion` group's kernel choices, shared by every drafter built on this loop."""
+    one_of("fusion.kernel", fusion.kernel, BACKENDS)
+    one_of("fusion.cuda_graph", fusion.cuda_graph, ("auto", True, False))
+
+
+def random_init(module: torch.nn.Module, seed: int, std: float) -> torch.nn.Module:
+    """Every weight N(0, std), zero-initialised up-projections too (a random head must have an opinion), from a
+    private generator (the global RNG is left alone)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+    return module
+
+
+def head_init(cfg, target, train_cmd: str) -> str:
+    """`drafter.head.init` resolved to random | checkpoint. auto = random next to a random DFlash backbone (tests,
+    smoke runs), else the head checkpoint, which must then be set: a random head beside a trained backbone would
+    measure nothing, so that is an error rather than a silent default."""
+    init, ckpt = cfg.head.init, cfg.head.get("checkpoint")
+    if init == "auto":
+        random_backbone = cfg.init == "random" or (cfg.init == "auto" and not cfg.get("checkpoint"))
+        check(bool(ckpt) or random_backbone,
+              f"no {cfg.name} head for target {target.name}: train one with {train_cmd} and pass "
+              f"drafter.head.checkpoint=DIR (drafter.head.init=random runs a random head: τ then means nothing)")
+        init = "random" if random_backbone else "checkpoint"
+    one_of("drafter.head.init", init, ("random", "checkpoint"))
+    check(init == "random" or bool(ckpt), f"drafter.head.init=checkpoint needs drafter.head.checkpoint=DIR (train one "
+                                          f"with {train_cmd})")
+    return init
 
 
 class SequentialDrafter:

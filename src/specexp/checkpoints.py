@@ -1,0 +1,110 @@
+"""Checkpoint I/O for every drafter and head: one directory = `config.json` + `model.safetensors` (or shards
+named by `model.safetensors.index.json`), plus whatever files a drafter keeps beside them (prior, card).
+
+- Loads are strict: a missing, unexpected or misshapen tensor, an unreadable file or a config that is not a
+  JSON object is one `UserError` line naming the directory (`where`) and the fault. Safetensors only: no pickle
+  is ever read.
+- Saves are atomic per file (write a temporary file in the same directory, then `os.replace`), weights first,
+  config last, so a reader never sees a config whose weights are not complete.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .errors import UserError, check
+
+CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = "config.json", "model.safetensors", "model.safetensors.index.json"
+
+
+def replace_atomic(final: Path, write) -> None:
+    """`write(tmp_path)` then rename over `final`; the temporary file is removed if anything fails."""
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_config(path: str | os.PathLike, where: str) -> dict:
+    """`path/config.json` as a dict; absent, not JSON, or not an object: one line."""
+    f = Path(path) / CONFIG_FILE
+    check(Path(path).is_dir(), f"{where}: no such directory")
+    check(f.exists(), f"{where}: no {CONFIG_FILE}")
+    try:
+        raw = json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{where}: {CONFIG_FILE} is not valid JSON ({e})") from None
+    check(isinstance(raw, dict), f"{where}: {CONFIG_FILE} must hold a JSON object, found {type(raw).__name__}")
+    return raw
+
+
+def _shards(path: Path, where: str) -> list[str]:
+    index = path / INDEX_FILE
+    if not index.exists():
+        check((path / WEIGHTS_FILE).exists(), f"{where}: no {WEIGHTS_FILE} (nor {INDEX_FILE})")
+        return [WEIGHTS_FILE]
+    try:
+        raw = json.loads(index.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{where}: {INDEX_FILE} is not valid JSON ({e})") from None
+    wmap = raw.get("weight_map") if isinstance(raw, dict) else None
+    check(isinstance(wmap, dict) and bool(wmap) and all(isinstance(v, str) for v in wmap.values()),
+          f"{where}: {INDEX_FILE} needs a non-empty 'weight_map' object of tensor name -> shard file")
+    shards = sorted(set(wmap.values()))
+    for s in shards:
+        check(Path(s).name == s and (path / s).is_file(), f"{where}: {INDEX_FILE} names shard {s!r}, which is absent")
+    return shards
+
+
+def load_state(path: str | os.PathLike, expected: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
+    """Tensors of the checkpoint at `path`, strictly matched against `expected` (a state dict, possibly on the
+    meta device): every key present, none unexpected, every shape equal. Dtypes are the file's."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    state: dict[str, torch.Tensor] = {}
+    for shard in _shards(path, where):
+        try:
+            state.update(load_file(path / shard))
+        except Exception as e:                         # a torn or foreign file: safetensors raises many types
+            raise UserError(f"{where}: cannot read {shard} ({type(e).__name__}: {e})") from None
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    for kind, keys in (("missing", missing), ("unexpected", unexpected)):
+        more = f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
+        check(not keys, f"{where}: {kind} tensor {keys[0] if keys else ''}{more}")
+    for k, t in state.items():
+        check(t.shape == expected[k].shape,
+              f"{where}: {k} has shape {list(t.shape)}, config.json implies {list(expected[k].shape)}")
+    return state
+
+
+def load_module(module: torch.nn.Module, path: str | os.PathLike, where: str) -> torch.nn.Module:
+    """Fill `module` (built from the checkpoint's config, on the meta device or not) from `path`, strictly.
+    On the meta device the file's tensors are assigned as they are (they keep the file's dtype)."""
+    state = load_state(path, module.state_dict(), where)
+    meta = any(p.is_meta for p in module.parameters())
+    module.load_state_dict(state, strict=True, assign=meta)
+    return module
+
+
+def save(path: str | os.PathLike, state: dict[str, torch.Tensor], config: dict,
+         dtype: torch.dtype | None = None) -> Path:
+    """Write `model.safetensors` (tensors cast to `dtype` if given) and `config.json` into directory `path`."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in state.items()}
+    replace_atomic(path / WEIGHTS_FILE, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    replace_atomic(path / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(config, indent=2) + "\n"))
+    return path
+
+
+def save_module(module: torch.nn.Module, path: str | os.PathLike, config: dict,
+                dtype: torch.dtype | None = None) -> Path:
+    return save(path, module.state_dict(), config, dtype)
