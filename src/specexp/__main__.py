@@ -10,6 +10,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from . import cli
 from .cli import CONF_DIR, fail, precheck
 from .errors import UserError
 
@@ -17,6 +18,7 @@ from .errors import UserError
 def run_task(cfg: DictConfig, out_dir: str):
     import torch
 
+    from . import registry
     from .errors import one_of
     from .eval.evaluator import run_eval
     from .training.local_heads import run_prior
@@ -24,6 +26,9 @@ def run_task(cfg: DictConfig, out_dir: str):
 
     tasks = {"eval": run_eval, "train": run_train, "regenerate": run_regenerate, "prior": run_prior}
     one_of("task", cfg.task.name, tasks)
+    # Which checkpoints a drafter uses for a target is the drafter's knowledge (its registry entry); filled here,
+    # at the edge, so every later stage (fingerprints, training stages, cards) sees the resolved paths.
+    cfg.drafter = registry.fill_default_checkpoints(cfg.drafter, cfg.target.name)
     torch.manual_seed(cfg.seed)
     if cfg.get("cpu_threads"):
         torch.set_num_threads(cfg.cpu_threads)
@@ -40,6 +45,9 @@ def _hydra_main(cfg: DictConfig):
 
 
 def main() -> None:
+    plugin_dirs = cli.plugin_config_dirs()
+    if plugin_dirs:                 # plugins' YAML files join the conf tree (Hydra's search path)
+        sys.argv.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in plugin_dirs) + "]")
     precheck(sys.argv[1:])
     _hydra_main()
 

@@ -24,8 +24,30 @@ def fail(message: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
+def plugin_config_dirs() -> list:
+    """Config directories of the drafters registered by `SPECEXP_PLUGINS` modules (registry.py); none without."""
+    import os
+
+    if not os.environ.get("SPECEXP_PLUGINS"):
+        return []                   # keep the common path free of the registry's torch import
+    from . import registry
+    from .errors import UserError
+
+    try:
+        registry.load_plugins()
+    except UserError as e:
+        fail(str(e))
+    return registry.config_dirs()
+
+
 def groups() -> dict[str, list[str]]:
-    return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(CONF_DIR.iterdir()) if d.is_dir()}
+    """Options of every config group: the YAML files of conf/ and of the plugins' config directories."""
+    out: dict[str, set[str]] = {}
+    for root in [CONF_DIR, *plugin_config_dirs()]:
+        for d in sorted(root.iterdir()):
+            if d.is_dir():
+                out.setdefault(d.name, set()).update(p.stem for p in d.glob("*.yaml"))
+    return {k: sorted(v) for k, v in sorted(out.items())}
 
 
 def _overrides(argv: list[str]) -> list[str]:
@@ -65,6 +87,7 @@ def precheck(argv: list[str]) -> None:
     if any(a in ("--config-name", "-cn", "--config-dir", "-cd") or a.startswith(("--config-name=", "--config-dir="))
            for a in argv):
         return                  # another primary config (a sweep file): its keys are Hydra's to check
+    group_args += [a for a in _overrides(argv) if a.startswith("hydra.searchpath=")]    # plugins' conf dirs
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="config", overrides=group_args)

@@ -1,10 +1,31 @@
 """Explicit name -> builder tables. A config names an entry (`target.loader: hub`, `drafter.name: dflash`);
-an unknown name is one clear error listing the valid ones."""
+an unknown name is one clear error listing the valid ones.
+
+A drafter is one module + one YAML (`conf/drafter/<name>.yaml`) + one `register_drafter` call. Its entry
+carries everything the rest of the code needs to know about it:
+  build        (drafter config, target) -> a `Drafter` (drafters/base.py); None = the AR baseline
+  train        "module:function" returning its `TrainPlan` (training/pipeline.py); None = nothing to train.
+               A string, so that evaluation never imports Lightning.
+  metrics      per-round diagnostics it reports through `Proposal.info` (eval aggregates them blindly)
+  checkpoints  target name -> {drafter key: value}: the default checkpoints it uses for that target
+  conf_dir     a directory holding `drafter/<name>.yaml`, for drafters that live outside this package
+
+Plugins: `SPECEXP_PLUGINS=pkg.module[,other]` names modules imported before the config is composed; each
+registers its drafters (and their `conf_dir`), and they appear among the CLI's choices like built-in ones.
+"""
 from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+from omegaconf import OmegaConf
 
 from . import targets
 from .drafters import dedit, dels, dflash, domino
-from .errors import one_of
+from .errors import UserError, check, one_of
 
 TARGETS = {
     "tiny_qwen3": targets.load_tiny_qwen3,
@@ -13,14 +34,102 @@ TARGETS = {
     "local": targets.load_local,
 }
 
-DRAFTERS = {
-    "none": None,          # the autoregressive baseline
-    "dflash": dflash.build,
-    "dels_rnn": dels.build,      # DeLS-Spec: DFlash + GRU local head + unigram prior
-    "dels_markov": dels.build,   # DeLS-Spec: DFlash + rank-256 bigram head + unigram prior
-    "domino_ft": domino.build,   # Domino-FT: DFlash + prefix GRU + low-rank residual head
-    "dedit": dedit.build,        # DEdit: DFlash-architecture unmasking + token-to-token edit passes
+
+class RoundMetrics(Protocol):
+    """What a drafter reports per verification round (`Proposal.info`), turned into numbers.
+
+    `turn(rounds, greedy)` -> extra fields of a turn's record (JSON-able); each round is the proposal's `info`
+    plus `tokens` (the drafts), `accepted` and `bonus`. `benchmark(records)` -> extra fields of a benchmark's
+    summary (or None when the records carry none)."""
+
+    def turn(self, rounds: list[dict], greedy: bool) -> dict: ...
+
+    def benchmark(self, records: list[dict]) -> dict | None: ...
+
+
+@dataclass(frozen=True)
+class DrafterEntry:
+    name: str
+    build: Callable | None
+    train: str | None = None
+    metrics: RoundMetrics | None = None
+    checkpoints: dict[str, dict[str, str]] = field(default_factory=dict)
+    conf_dir: Path | None = None
+    summary: str = ""
+
+
+DRAFTERS: dict[str, DrafterEntry] = {}
+
+
+def register_drafter(entry: DrafterEntry) -> DrafterEntry:
+    """Add a drafter (a plugin's or a built-in one). Re-registering a name replaces it (module reloads)."""
+    check(entry.name.isidentifier(), f"drafter name {entry.name!r} must be an identifier")
+    DRAFTERS[entry.name] = entry
+    return entry
+
+
+MINI = "checkpoints/mini/smollm2_135m"
+DFLASH_CHECKPOINTS = {
+    "qwen3_4b": {"checkpoint": "z-lab/Qwen3-4B-DFlash-b16"},
+    "qwen3_8b": {"checkpoint": "z-lab/Qwen3-8B-DFlash-b16"},
+    "smollm2_135m": {"checkpoint": f"{MINI}-dflash-b8"},
 }
+
+
+def _with(table: dict, target: str, **keys) -> dict:
+    return {**table, target: {**table.get(target, {}), **keys}}
+
+
+for _e in (
+    DrafterEntry("none", None, summary="no drafter: the autoregressive baseline (τ = 1)"),
+    DrafterEntry("dflash", dflash.build, train="specexp.training.dflash_module:plan", checkpoints=DFLASH_CHECKPOINTS,
+                 summary="DFlash: a block [anchor, MASK×(B−1)] filled in one bidirectional pass"),
+    DrafterEntry("dels_rnn", dels.build, train="specexp.training.local_heads:plan",
+                 checkpoints=_with(DFLASH_CHECKPOINTS, "smollm2_135m", **{"head.checkpoint": f"{MINI}-dels-rnn"}),
+                 summary="DeLS-Spec: DFlash + GRU local head + unigram prior, fused per position"),
+    DrafterEntry("dels_markov", dels.build, train="specexp.training.local_heads:plan",
+                 checkpoints=_with(DFLASH_CHECKPOINTS, "smollm2_135m", **{"head.checkpoint": f"{MINI}-dels-markov"}),
+                 summary="DeLS-Spec: DFlash + rank-256 bigram local head + unigram prior"),
+    DrafterEntry("domino_ft", domino.build, train="specexp.training.domino_module:plan",
+                 checkpoints=DFLASH_CHECKPOINTS,
+                 summary="Domino-FT: DFlash + prefix GRU + low-rank residual head"),
+    DrafterEntry("dedit", dedit.build, train="specexp.training.dedit_module:plan", metrics=dedit.METRICS,
+                 summary="DEdit: DFlash-architecture unmasking + token-to-token edit passes"),
+):
+    register_drafter(_e)
+
+
+def load_plugins() -> None:
+    """Import the modules named by `SPECEXP_PLUGINS` (comma-separated); each registers its drafters."""
+    for name in filter(None, (m.strip() for m in os.environ.get("SPECEXP_PLUGINS", "").split(","))):
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise UserError(f"SPECEXP_PLUGINS: cannot import {name!r} ({e})") from None
+
+
+def config_dirs() -> list[Path]:
+    """Extra config directories of registered plugins (each holds `drafter/<name>.yaml`)."""
+    return sorted({e.conf_dir for e in DRAFTERS.values() if e.conf_dir is not None})
+
+
+def drafter_entry(name: str) -> DrafterEntry:
+    one_of("drafter", name, DRAFTERS)
+    return DRAFTERS[name]
+
+
+def fill_default_checkpoints(drafter_cfg, target_name: str):
+    """The drafter config with its unset checkpoint keys taken from the entry's table for this target.
+    Keys set by the user (not null) are kept; `drafter.init=random` still wins at build time."""
+    entry = drafter_entry(drafter_cfg.name)
+    defaults = entry.checkpoints.get(target_name, {})
+    if not defaults:
+        return drafter_cfg
+    out = OmegaConf.create(OmegaConf.to_container(drafter_cfg, resolve=True))
+    for key, value in defaults.items():
+        if OmegaConf.select(out, key, default="<absent>") is None:
+            OmegaConf.update(out, key, value, merge=False)
+    return out
 
 
 def build_target(cfg, device):
@@ -29,6 +138,15 @@ def build_target(cfg, device):
 
 
 def build_drafter(cfg, target):
-    one_of("drafter.name", cfg.name, DRAFTERS)
-    builder = DRAFTERS[cfg.name]
-    return None if builder is None else builder(cfg, target)
+    entry = drafter_entry(cfg.name)
+    return None if entry.build is None else entry.build(fill_default_checkpoints(cfg, target.name), target)
+
+
+def trainer(name: str) -> Callable:
+    """The drafter's `plan` function (training/pipeline.py), imported on demand."""
+    entry = drafter_entry(name)
+    trainable = sorted(n for n, e in DRAFTERS.items() if e.train)
+    check(entry.train is not None, f"task=train: drafter={name} has nothing to train; choose one of: "
+                                   f"{', '.join(trainable)}")
+    module, _, fn = entry.train.partition(":")
+    return getattr(importlib.import_module(module), fn)

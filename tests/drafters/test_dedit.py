@@ -164,18 +164,18 @@ def test_edit_rules():
 
 def test_edit_outcomes_are_exact():
     # target greedy tokens after the round: accepted drafts + bonus
-    assert metrics.edit_outcome([1, 2, 3], [1, 2, 3], 1, 9) == "unedited"
-    assert metrics.edit_outcome([1, 2, 3], [1, 5, 3], 1, 2) == "harmful"       # pre-edit matched t1, t2 = 1, 2
-    assert metrics.edit_outcome([1, 7, 3], [1, 2, 3], 3, 4) == "helpful"       # pre-edit stops at 1, final at 3
-    assert metrics.edit_outcome([1, 7, 3], [1, 6, 3], 1, 2) == "neutral"       # both accept 1
-    assert metrics.edit_outcome([1, 2, 3], [1, 2, 4], 3, 8) == "helpful"       # all accepted: pre-edit stops at 2
-    assert metrics.edit_outcome([1, 2, 3], [1, 5, 4], 1, 2) == "harmful"       # pre-edit reaches past t_{n+1}
+    assert dedit.edit_outcome([1, 2, 3], [1, 2, 3], 1, 9) == "unedited"
+    assert dedit.edit_outcome([1, 2, 3], [1, 5, 3], 1, 2) == "harmful"       # pre-edit matched t1, t2 = 1, 2
+    assert dedit.edit_outcome([1, 7, 3], [1, 2, 3], 3, 4) == "helpful"       # pre-edit stops at 1, final at 3
+    assert dedit.edit_outcome([1, 7, 3], [1, 6, 3], 1, 2) == "neutral"       # both accept 1
+    assert dedit.edit_outcome([1, 2, 3], [1, 2, 4], 3, 8) == "helpful"       # all accepted: pre-edit stops at 2
+    assert dedit.edit_outcome([1, 2, 3], [1, 5, 4], 1, 2) == "harmful"       # pre-edit reaches past t_{n+1}
     recs = [{"passes": [1, 2, 2], "edit_outcomes": ["unedited", "harmful", "helpful"], "accept_lengths": [1, 2, 4]},
             {"passes": [2], "edit_outcomes": ["helpful"], "accept_lengths": [3]}]
-    s = metrics.edit_summary(recs)
+    s = dedit.edit_summary(recs)
     assert s["rounds"] == 4 and s["edited"] == 3 and s["harmful"] == 1 and s["helpful"] == 2
     assert s["harmful_rate"] == pytest.approx(1 / 3) and s["tau_by_passes"] == {"1": 1, "2": 3}
-    assert metrics.edit_summary([{"accept_lengths": [1]}]) is None
+    assert dedit.edit_summary([{"accept_lengths": [1]}]) is None
 
 
 def test_bad_options_are_one_line_errors(cfg_factory, tiny_target):

@@ -18,10 +18,13 @@ Protocol B: pass 0 samples each row (as DFlash); each edit pass samples its cand
 Given everything drawn before the last pass, the final d_i are independent across i, with
 q_i = softmax(l_last,i / T) where edit_i, else a point mass on the kept token — exactly the draft distribution
 the verifier needs (the target distribution is preserved whatever earlier passes did).
-Per round the proposal carries `info` = {passes run, the pass-0 draft} for the edit metrics (eval/metrics.py).
+Per round the proposal carries `info` = {passes run, the pass-0 draft}; `EditMetrics` below turns them into the
+edit metrics (the registry hands it to the evaluator, which aggregates without knowing the keys).
 A DEdit checkpoint is a DFlash-format checkpoint (the same weights, trained with the editing objective).
 """
 from __future__ import annotations
+
+from statistics import fmean
 
 import torch
 
@@ -131,3 +134,60 @@ def build(cfg, target) -> DEditDrafter:
     e = cfg.edit
     return DEditDrafter(dflash.build(cfg, target), e.passes, e.window, e.verify, e.rule, e.threshold,
                         e.confidence, e.editor, e.early_stop)
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+def edit_outcome(pre: list[int], final: list[int], accepted: int, bonus: int) -> str:
+    """unedited | harmful | helpful | neutral, for one greedy round.
+
+    A round is edited when its proposal differs from its pass-0 draft within the verified positions. Under greedy
+    decoding the target's tokens t_1..t_{n+1} after n accepted drafts are known exactly: the accepted drafts and the
+    bonus. The pass-0 draft's accepted length is therefore exact up to n, and "more than n" is all `harmful` needs:
+    harmful = the pass-0 draft would have been accepted further, helpful = less far, neutral = as far."""
+    if pre == final:
+        return "unedited"
+    truth = final[:accepted] + [bonus]                 # the target's own tokens at positions 1..accepted+1
+    n0 = 0
+    while n0 < min(len(pre), len(truth)) and pre[n0] == truth[n0]:
+        n0 += 1
+    return "harmful" if n0 > accepted else "helpful" if n0 < accepted else "neutral"
+
+
+def edit_summary(records: list[dict]) -> dict | None:
+    """Per benchmark: rounds and τ by passes run (mean tokens committed by the rounds that ran that many passes),
+    and, under greedy, edited rounds with harmful / helpful / neutral counts and rates (per edited round)."""
+    rounds = [(p, o, a) for r in records if r.get("passes") is not None
+              for p, o, a in zip(r["passes"], r.get("edit_outcomes") or [None] * len(r["passes"]), r["accept_lengths"])]
+    if not rounds:
+        return None
+    by_pass: dict[int, list[int]] = {}
+    for p, _, a in rounds:
+        by_pass.setdefault(p, []).append(a)
+    out = {"rounds": len(rounds), "tau_by_passes": {str(p): fmean(v) for p, v in sorted(by_pass.items())},
+           "rounds_by_passes": {str(p): len(v) for p, v in sorted(by_pass.items())}}
+    outcomes = [o for _, o, _ in rounds if o is not None]
+    if outcomes:
+        edited = [o for o in outcomes if o != "unedited"]
+        out |= {"edited": len(edited), **{o: edited.count(o) for o in ("harmful", "helpful", "neutral")},
+                "harmful_rate": edited.count("harmful") / len(edited) if edited else None,
+                "helpful_rate": edited.count("helpful") / len(edited) if edited else None}
+    return out
+
+
+class EditMetrics:
+    """DEdit's round metrics (registry.RoundMetrics): per turn `passes` and, under greedy, `edit_outcomes`;
+    per benchmark `edits`."""
+
+    def turn(self, rounds: list[dict], greedy: bool) -> dict:
+        out = {"passes": [r["passes"] for r in rounds]}
+        if greedy:                          # the target's tokens are known exactly only under greedy decoding
+            out["edit_outcomes"] = [edit_outcome(r["pre_edit"].tolist(), r["tokens"].tolist(), r["accepted"],
+                                                 r["bonus"]) for r in rounds]
+        return out
+
+    def benchmark(self, records: list[dict]) -> dict | None:
+        e = edit_summary(records)
+        return None if e is None else {"edits": e}
+
+
+METRICS = EditMetrics()
