@@ -1,0 +1,105 @@
+"""The documentation matches the repository: the README's config-group table lists every option of every group
+in conf/, the experiments and sweeps READMEs list every script and sweep file, relative links resolve, and no
+text points at notes that live outside the repository. Pure file reads: well under a second."""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".sh", ".txt", ".cfg", ".ini"}
+# Paths that exist only beside a developer's checkout, never in a user's clone (spelt in pieces so that this
+# file does not match itself).
+OUTSIDE = re.compile("|".join([r"(?<![\w-])" + "research" + r"/[\w.-]+", r"\b" + "DESIGN" + r"\.md\b",
+                               r"\.\./" + "shared" + r"\b", "/work/" + "shared"]))
+
+
+def groups() -> dict[str, set[str]]:
+    return {d.name: {p.stem for p in d.glob("*.yaml")} for d in sorted(CONF.iterdir()) if d.is_dir()}
+
+
+def cells(line: str) -> list[str]:
+    """The cells of a markdown table row (escaped pipes `\\|` stay inside their cell)."""
+    parts = re.split(r"(?<!\\)\|", line.strip())
+    return [c.strip() for c in parts[1:-1]]
+
+
+def option_table(text: str) -> dict[str, set[str]]:
+    """{group: options} from every README table whose header starts `| group | options |`: the options are
+    the backticked words of the second cell (`a b c` or `a`, `b`), "(default)" and prose ignored."""
+    rows: dict[str, set[str]] = {}
+    in_table = False
+    for line in text.splitlines():
+        if not line.lstrip().startswith("|"):
+            in_table = False
+            continue
+        c = cells(line)
+        if len(c) >= 2 and c[0].lower() == "group" and c[1].lower() == "options":
+            in_table = True
+            continue
+        if in_table and len(c) >= 2 and not set(c[0]) <= set("-: "):
+            name = c[0].strip("`")
+            rows.setdefault(name, set()).update(w for span in re.findall(r"`([^`]*)`", c[1]) for w in span.split())
+    return rows
+
+
+def tracked_text_files() -> list[Path]:
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+        files = [ROOT / p for p in out.decode().split("\0") if p]
+    except (OSError, subprocess.CalledProcessError):       # not a git checkout: everything but the usual outputs
+        skip = {".git", ".venv", "outputs", "multirun", "runs", "wandb", ".cache", "__pycache__"}
+        files = [p for p in ROOT.rglob("*") if p.is_file() and not skip & set(p.relative_to(ROOT).parts)]
+    return [p for p in files if p.is_file() and (p.suffix in TEXT_SUFFIXES or p.parent.name == ".ci")]
+
+
+def test_readme_option_table_lists_every_config_option():
+    table = option_table((ROOT / "README.md").read_text())
+    assert table, "README.md has no '| group | options |' table"
+    problems = []
+    for group, options in groups().items():
+        if group not in table:
+            problems.append(f"group `{group}` has no row (options: {', '.join(sorted(options))})")
+            continue
+        if missing := options - table[group]:
+            problems.append(f"`{group}` row lacks {', '.join(sorted(missing))}")
+        if stale := table[group] - options:
+            problems.append(f"`{group}` row lists {', '.join(sorted(stale))}, not in conf/{group}/")
+    for group in set(table) - set(groups()):
+        problems.append(f"row `{group}` is not a directory of conf/")
+    assert not problems, "README.md config table vs conf/: " + "; ".join(problems)
+
+
+def test_no_pointer_outside_the_repository():
+    hits = []
+    for f in tracked_text_files():
+        for i, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+            if m := OUTSIDE.search(line):
+                hits.append(f"{f.relative_to(ROOT)}:{i}: {m.group(0)}")
+    assert not hits, "references to files outside the repository (point into docs/ instead):\n" + "\n".join(hits)
+
+
+@pytest.mark.parametrize("folder,pattern", [("experiments", "*.py"), ("sweeps", "*.yaml")])
+def test_folder_readme_lists_every_file(folder, pattern):
+    text = (ROOT / folder / "README.md").read_text()
+    missing = [p.name for p in sorted((ROOT / folder).glob(pattern)) if f"`{p.name}`" not in text]
+    assert not missing, f"{folder}/README.md does not list: {', '.join(missing)}"
+
+
+def test_docs_index_and_relative_links():
+    docs = sorted((ROOT / "docs").glob("*.md"))
+    assert docs, "docs/ is empty"
+    index = (ROOT / "docs" / "README.md").read_text()
+    unlisted = [p.name for p in docs if p.name != "README.md" and f"]({p.name}" not in index]
+    assert not unlisted, f"docs/README.md does not link: {', '.join(unlisted)}"
+    broken = []
+    for f in [ROOT / "README.md", *docs, ROOT / "experiments" / "README.md", ROOT / "sweeps" / "README.md"]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", f.read_text()):
+            path = target.split("#", 1)[0]
+            if path and "://" not in path and not (f.parent / path).exists():
+                broken.append(f"{f.relative_to(ROOT)} -> {target}")
+    assert not broken, "broken relative links: " + ", ".join(broken)
