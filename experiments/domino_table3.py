@@ -2,13 +2,15 @@
 DeLS-RNN and Domino-FT per benchmark, with the gain ratio (τ_DeLS − τ_DFlash) / (τ_Domino − τ_DFlash), and the
 training time / peak memory of each trained part from its card.json. Never imported by the library.
 
-    python -m specexp hydra.run.dir=runs/mini/dflash
+    python -m specexp experiment=mini_domino_ft          # trains the head -> runs/heads/smollm2_135m-domino-ft
+    python -m specexp hydra.run.dir=runs/mini/dflash     # the committed b8 DFlash drafter
     python -m specexp drafter=dels_markov hydra.run.dir=runs/mini/dels_markov
     python -m specexp drafter=dels_rnn hydra.run.dir=runs/mini/dels_rnn
-    python -m specexp drafter=domino_ft hydra.run.dir=runs/mini/domino_ft
-    python experiments/domino_table3.py runs/mini/{dflash,dels_markov,dels_rnn,domino_ft} \\
-        --cards checkpoints/mini/smollm2_135m-dels-markov checkpoints/mini/smollm2_135m-dels-rnn \\
-                checkpoints/mini/smollm2_135m-domino-ft
+    python -m specexp drafter=domino_ft drafter.head.checkpoint=runs/heads/smollm2_135m-domino-ft \\
+        hydra.run.dir=runs/mini/domino_ft
+    python experiments/domino_table3.py runs/mini/dflash runs/mini/dels_markov runs/mini/dels_rnn runs/mini/domino_ft \\
+        --cards checkpoints/mini/smollm2_135m-dflash-b8 checkpoints/mini/smollm2_135m-dels-markov \\
+                checkpoints/mini/smollm2_135m-dels-rnn runs/heads/smollm2_135m-domino-ft
 """
 import argparse
 import json
