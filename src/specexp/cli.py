@@ -7,6 +7,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from .config import unknown_key_message
+
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 # Hydra flags that take a value as the next argument.
 _FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--cfg", "-c",
@@ -62,6 +64,27 @@ def _overrides(argv: list[str]) -> list[str]:
     return out
 
 
+def _check_output_dir(parsed, multirun: bool) -> None:
+    """Hydra creates the run directory before any specexp code runs, and a failure there is a stack trace: check
+    that its nearest existing ancestor is a writable directory first."""
+    import tempfile
+
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    value = ([str(o.value()) for o in parsed if o.key_or_group == key] or [None])[-1]     # the last one wins
+    label = f"{key}={value}"
+    if value is None or "${" in value:          # the default: a new directory under the working directory
+        value, label = ".", f"the working directory (where {key} goes by default)"
+    p = Path(value).expanduser().absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        fail(f"{label}: {p} is not a directory")
+    try:
+        tempfile.TemporaryFile(dir=p).close()
+    except OSError as e:
+        fail(f"{label}: cannot write in {p} ({e.strerror})")
+
+
 def precheck(argv: list[str]) -> None:
     """Validate group options and keys of the command line against the conf tree; exit with one line."""
     from hydra import compose, initialize_config_dir
@@ -72,6 +95,7 @@ def precheck(argv: list[str]) -> None:
         parsed = OverridesParser.create().parse_overrides(_overrides(argv))
     except HydraException as e:
         fail(_first_line(e))
+    _check_output_dir(parsed, multirun=any(a in ("-m", "--multirun") for a in argv))
     options = groups()
     group_args = []
     for o in parsed:
@@ -98,9 +122,4 @@ def precheck(argv: list[str]) -> None:
         if key.startswith("hydra") or key in options or o.is_add() or o.is_force_add() or o.is_delete():
             continue
         if OmegaConf.select(cfg, key, default="<missing>") == "<missing>":
-            parent, _, leaf = key.rpartition(".")
-            node = OmegaConf.select(cfg, parent) if parent else cfg
-            valid = sorted(node.keys()) if OmegaConf.is_dict(node) else []
-            where = f"under '{parent}'" if parent else "at the top level"
-            fail(f"unknown key '{key}'; valid keys {where}: {', '.join(map(str, valid))} "
-                 f"(prefix with + to add a new key)")
+            fail(unknown_key_message(OmegaConf.to_container(cfg), key))

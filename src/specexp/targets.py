@@ -133,11 +133,17 @@ class Target:
 
 # ----------------------------------------------------------------------------------------------- helpers
 def resolve_device(device: str) -> torch.device:
+    from .config import DEVICE
+
+    check(isinstance(device, str) and DEVICE.fullmatch(device) is not None,
+          f"device={device!r} is malformed; use auto, cpu, cuda or cuda:N (N a GPU index)")
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    check(device.startswith(("cpu", "cuda")), f"device={device!r} is not valid; choose auto, cpu or cuda[:N]")
     check(not device.startswith("cuda") or torch.cuda.is_available(),
           f"device={device!r} but CUDA is not available here; use device=cpu")
+    if device.startswith("cuda:"):
+        n = torch.cuda.device_count()
+        check(int(device[5:]) < n, f"device={device!r} but this machine has {n} GPU(s): cuda:0..cuda:{n - 1}")
     return torch.device(device)
 
 
@@ -233,15 +239,81 @@ def load_tiny_qwen3(cfg, device: torch.device) -> Target:
 
 
 def _from_pretrained(path_or_id: str, cfg, device: torch.device, **kw):
+    """Tokenizer then model (safetensors only, no remote code). A local directory is checked first
+    (`check_hf_dir`), so a bad one is refused before a byte of the model is allocated."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = resolve_dtype(cfg.dtype, device)
+    local = Path(path_or_id).is_dir()
+    where = f"target.path={str(path_or_id)!r}"
+    if local:
+        check_hf_dir(Path(path_or_id), where)
+    try:
+        tok = AutoTokenizer.from_pretrained(path_or_id, trust_remote_code=False, **kw)
+    except (ValueError, KeyError, TypeError) as e:        # OSError (absent files) is the callers' to phrase
+        raise UserError(f"{where}: cannot load the tokenizer ({_first_line(e)})") from None
     model = AutoModelForCausalLM.from_pretrained(
         path_or_id, dtype=dtype, attn_implementation=attn_implementation(cfg.attn_implementation),
-        trust_remote_code=False, **kw,
+        trust_remote_code=False, use_safetensors=True, **kw,
     )
-    tok = AutoTokenizer.from_pretrained(path_or_id, trust_remote_code=False, **kw)
     return model.to(device).eval().requires_grad_(False), tok
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def check_hf_dir(path: Path, where: str) -> None:
+    """A local HF causal-LM directory, checked without allocating the model: a config.json transformers
+    understands; safetensors weights (a pickle file is refused: unpickling can run code) whose tensor names and
+    shapes, read from the file headers, are exactly those of the model the config describes (built on the meta
+    device); tied weights (lm_head = embed_tokens) may be stored once. Anything else is one `UserError` line,
+    so a config whose weights are absent or partial never becomes a randomly initialised model."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from .checkpoints import INDEX_FILE, WEIGHTS_FILE, _shards
+
+    check((path / "config.json").is_file(), f"{where}: no config.json (not an HF model directory)")
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{where}: config.json is not a usable model config ({_first_line(e)})") from None
+    if not (path / WEIGHTS_FILE).exists() and not (path / INDEX_FILE).exists():
+        pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        check(not pickles, f"{where}: {pickles[0] if pickles else ''} is a pickle file; only safetensors weights are "
+                           f"loaded (unpickling can run code): convert it to {WEIGHTS_FILE}")
+        raise UserError(f"{where}: no {WEIGHTS_FILE} (nor {INDEX_FILE}): the weights are missing")
+    shapes: dict[str, list[int]] = {}
+    for shard in _shards(path, where):
+        try:
+            with safe_open(path / shard, framework="pt") as f:
+                shapes.update({k: list(f.get_slice(k).get_shape()) for k in f.keys()})
+        except Exception as e:                             # a torn or foreign file: safetensors raises many types
+            raise UserError(f"{where}: cannot read {shard} ({type(e).__name__}: {_first_line(e)})") from None
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{where}: config.json does not describe a causal LM transformers can build "
+                        f"({_first_line(e)})") from None
+    expected = {k: list(v.shape) for k, v in model.state_dict().items()}
+    tied: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        tied.setdefault(id(p), []).append(name)
+    stored_once = {n for names in tied.values() if any(m in shapes for m in names) for n in names}
+    missing = sorted(set(expected) - set(shapes) - stored_once)
+    unexpected = sorted(set(shapes) - set(expected))
+    for kind, keys in (("missing", missing), ("unexpected", unexpected)):
+        more = f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
+        check(not keys, f"{where}: {kind} tensor {keys[0] if keys else ''}{more}: the weights do not match "
+                        f"config.json ({config.model_type}, {getattr(config, 'num_hidden_layers', '?')} layers)")
+    for k, shape in shapes.items():
+        check(shape == expected[k], f"{where}: {k} has shape {shape}, config.json implies {expected[k]}")
 
 
 def load_hub(cfg, device: torch.device) -> Target:
@@ -302,7 +374,10 @@ def load_local(cfg, device: torch.device) -> Target:
     path = cfg.get("path")
     check(bool(path), "target=hf needs target.path=DIR (a local HF causal-LM directory)")
     check(Path(path).is_dir(), f"target.path={path!r} is not a directory")
-    model, tok = _from_pretrained(str(path), cfg, device, local_files_only=True)
+    try:
+        model, tok = _from_pretrained(str(path), cfg, device, local_files_only=True)
+    except OSError as e:
+        raise UserError(f"target.path={path!r}: cannot load ({_first_line(e)})") from None
     mask = cfg.get("mask_token_id")
     if mask is None:
         mask = tok.mask_token_id

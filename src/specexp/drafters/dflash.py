@@ -16,6 +16,7 @@ output is discarded. The draft cache keeps only context K/V; block K/V are recom
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -29,6 +30,10 @@ from ..errors import UserError, check
 from .base import Proposal, Sampling, choose
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -60,24 +65,47 @@ class DFlashConfig:
     dflash_extra: dict = field(default_factory=dict)    # other dflash_config fields, likewise
 
     @classmethod
-    def from_dict(cls, d: dict) -> "DFlashConfig":
+    def from_dict(cls, d: dict, where: str = "DFlash config.json") -> "DFlashConfig":
+        """Parse and validate a z-lab config.json; every malformed field is one `UserError` line naming it."""
+        check(isinstance(d, dict), f"{where} must hold a JSON object, found {type(d).__name__}")
         d = json.loads(json.dumps(d))                    # deep copy
         dc = d.pop("dflash_config", None) or {}
+        check(isinstance(dc, dict), f"{where}: dflash_config must be an object, found {type(dc).__name__}")
         known = {f.name for f in fields(cls)} - {"extra", "dflash_extra", "target_layer_ids", "mask_token_id"}
         kw = {k: d.pop(k) for k in list(d) if k in known}
         if "rope_theta" not in kw:                       # transformers 5 writes rope_parameters instead
-            kw["rope_theta"] = (d.get("rope_parameters") or {}).get("rope_theta", 1e6)
+            rope = d.get("rope_parameters")
+            kw["rope_theta"] = rope.get("rope_theta", 1e6) if isinstance(rope, dict) else 1e6
         missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                                "num_key_value_heads", "vocab_size", "block_size") if k not in kw]
         if missing:
-            raise UserError(f"DFlash config.json lacks {', '.join(missing)}")
+            raise UserError(f"{where} lacks {', '.join(missing)}")
+        for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "vocab_size", "head_dim", "num_target_layers", "max_position_embeddings"):
+            if k in kw:
+                check(_is_int(kw[k]) and kw[k] >= 1, f"{where}: {k}={kw[k]!r} must be an int >= 1")
+        check(_is_int(kw["block_size"]) and kw["block_size"] >= 2,
+              f"{where}: block_size={kw['block_size']!r} must be an int >= 2")
+        check(kw["num_attention_heads"] % kw["num_key_value_heads"] == 0,
+              f"{where}: num_attention_heads={kw['num_attention_heads']} must be a multiple of "
+              f"num_key_value_heads={kw['num_key_value_heads']}")
+        for k in ("rms_norm_eps", "rope_theta"):
+            v = kw.get(k, 1.0)
+            check(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0,
+                  f"{where}: {k}={v!r} must be a finite number > 0")
+        check(isinstance(kw.get("attention_bias", False), bool),
+              f"{where}: attention_bias={kw.get('attention_bias')!r} must be true or false")
         kw.setdefault("head_dim", kw["hidden_size"] // kw["num_attention_heads"])
         kw.setdefault("num_target_layers", kw["num_hidden_layers"])
         layer_ids = dc.pop("target_layer_ids", None)
         mask = dc.pop("mask_token_id", None)
         if mask is None:
-            raise UserError("DFlash config.json has no dflash_config.mask_token_id (pre-Feb-2026 checkpoint?); "
+            raise UserError(f"{where} has no dflash_config.mask_token_id (pre-Feb-2026 checkpoint?); "
                             "add it (151669 for Qwen3)")
+        check(_is_int(mask) and mask >= 0, f"{where}: dflash_config.mask_token_id={mask!r} must be an int >= 0")
+        check(layer_ids is None or (isinstance(layer_ids, list) and layer_ids and
+                                    all(_is_int(i) and i >= 0 for i in layer_ids)),
+              f"{where}: dflash_config.target_layer_ids={layer_ids!r} must be a non-empty list of ints >= 0")
         layer_ids = list(layer_ids) if layer_ids is not None else build_target_layer_ids(
             kw["num_target_layers"], kw["num_hidden_layers"])
         return cls(**kw, target_layer_ids=layer_ids, mask_token_id=int(mask), extra=d, dflash_extra=dc)
@@ -240,7 +268,7 @@ class DFlashDraftModel(nn.Module):
                         device: str | torch.device = "cpu", where: str | None = None) -> "DFlashDraftModel":
         """Load a z-lab-format checkpoint directory strictly (specexp/checkpoints.py)."""
         where = where or f"drafter.checkpoint={str(path)!r}"
-        config = DFlashConfig.from_dict(ckpt.read_config(path, where))
+        config = DFlashConfig.from_dict(ckpt.read_config(path, where), f"{where}: config.json")
         with torch.device("meta"):
             model = cls(config)
         ckpt.load_module(model, path, where)                   # weights keep the file's dtype
@@ -356,6 +384,7 @@ def build(cfg, target) -> DFlashDrafter:
                   f"(τ ≈ 1); pass drafter.checkpoint=DIR for a trained one", flush=True)
     if init == "random":
         config = DFlashConfig.for_target(target, cfg.num_layers, cfg.block_size, cfg.get("target_layer_ids"))
+        check_fits(config, target, "drafter")            # tap ids vs a target whose size the config did not tell
         model = init_weights(DFlashDraftModel(config), cfg.seed)
     elif init == "checkpoint":
         check(bool(cfg.get("checkpoint")), "drafter.init=checkpoint needs drafter.checkpoint=DIR (or a hub id); "

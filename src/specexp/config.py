@@ -1,0 +1,475 @@
+"""Typed config at the edge: the composed config (command line + experiment file + sweep file) is checked once,
+before any work, and every mistake is one `UserError` line naming the key and what would be valid.
+
+The schema of a config group is its option files, conf/<group>/*.yaml:
+  keys    the chosen option's keys (the drafter's differ per drafter); an experiment or sweep file, or the
+          command line, may change values but not add keys (`OPTIONAL_KEYS` lists the few read only when set)
+  types   the types a key has in any option of its group: an int where the options have ints, a list where
+          they have lists; ints are accepted where floats are; a key that is null (or an interpolation) in
+          some option accepts anything there, and `RULES` then says what it really takes
+  ranges  `RULES`: an explicit table (cpu_threads >= 1, block_size >= 2, ...), plus the checks that need the
+          target's size (tap layer ids within its layers) when the config alone tells it
+
+`validate(cfg)` is the whole check; the frozen dataclasses below are typed views of the groups whose keys are
+the same for every option (eval, decoding, train, data), built with `from_cfg` from a validated config.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from .errors import UserError
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+ANY = "any"                                  # the type tag of a null or interpolated option value
+FREE_FORM = {"target.chat_kwargs", "eval.num_samples"}          # mappings whose keys are the user's
+OPTIONAL_KEYS = {"data.corpus_dir": "str"}                      # read with .get(): absent from every option file
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+# ------------------------------------------------------------------------------------------- the schema
+def conf_roots() -> list[Path]:
+    """conf/ and the config directories of the drafters that `SPECEXP_PLUGINS` modules register."""
+    if not os.environ.get("SPECEXP_PLUGINS"):
+        return [CONF_DIR]
+    from . import registry
+
+    registry.load_plugins()
+    return [CONF_DIR, *registry.config_dirs()]
+
+
+def group_names() -> list[str]:
+    return sorted({d.name for r in conf_roots() for d in r.iterdir() if d.is_dir() and d.name != "experiment"})
+
+
+def options(group: str) -> list[str]:
+    return sorted({p.stem for r in conf_roots() for p in (r / group).glob("*.yaml")})
+
+
+def _option_file(group: str, name: str) -> Path:
+    return next((f for r in conf_roots() if (f := r / group / f"{name}.yaml").is_file()), CONF_DIR / group / name)
+
+
+@functools.cache
+def _load(group: str | None, name: str) -> DictConfig:
+    """One option file with its same-group defaults merged in (`defaults: [dflash, _self_]`), unresolved."""
+    raw = OmegaConf.load(_option_file(group, name) if group else CONF_DIR / f"{name}.yaml")
+    defaults = list(raw.pop("defaults", None) or [])
+    if "_self_" not in defaults:
+        defaults.append("_self_")                # Hydra 1.1+: a file's own keys come last unless placed
+    parts = [raw if d == "_self_" else _load(group, d) for d in defaults if isinstance(d, str) and group]
+    return OmegaConf.merge(*parts) if parts else raw
+
+
+def option_tree(group: str | None, name: str) -> dict:
+    """The option's keys and values as plain containers, interpolations left as `${...}` strings."""
+    node = _load(group, name)
+    if group is None:                            # the primary config: its own keys (seed, device, paths, ...)
+        node = OmegaConf.masked_copy(node, [k for k in node if k != "hydra"])
+    return OmegaConf.to_container(node, resolve=False)
+
+
+def _tag(v) -> str:
+    if v is None or (isinstance(v, str) and "${" in v):
+        return ANY
+    for t, name in ((bool, "bool"), (int, "int"), (float, "float"), (str, "str"), (list, "list"), (dict, "dict")):
+        if isinstance(v, t):
+            return name
+    return type(v).__name__
+
+
+@functools.cache
+def group_types(group: str) -> dict[str, frozenset[str]]:
+    """Dotted key under the group -> the type tags it has across the group's options."""
+    out: dict[str, set[str]] = {}
+
+    def visit(node, path):
+        out.setdefault(path, set()).add(_tag(node))
+        if isinstance(node, dict) and path not in FREE_FORM:
+            for k, v in node.items():
+                visit(v, f"{path}.{k}")
+
+    for name in options(group):
+        visit(option_tree(group, name), group)
+    for key, tag in OPTIONAL_KEYS.items():
+        if key.startswith(group + "."):
+            out.setdefault(key, set()).add(tag)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def chosen_option(cfg, group: str, choices: dict | None = None) -> str | None:
+    """Which option of `group` the config was composed from: its `name` when that is an option (task, target,
+    drafter, logger), else Hydra's record of the choice, else None (the union of the options is the schema)."""
+    names = options(group)
+    node = cfg.get(group) if hasattr(cfg, "get") else None
+    name = node.get("name") if isinstance(node, (dict, DictConfig)) else None
+    if isinstance(name, str) and name in names:
+        return name
+    choice = (choices or {}).get(group)
+    return choice if choice in names else None
+
+
+def hydra_choices() -> dict:
+    """Group choices and command-line overrides of the running Hydra job ({} outside one)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+        return {"choices": dict(hc.runtime.choices), "overrides": list(hc.overrides.task),
+                "config_name": hc.job.config_name}
+    except (ValueError, AttributeError, ImportError):
+        return {}
+
+
+def schema(cfg, choices: dict | None = None) -> dict:
+    """The tree of valid keys for `cfg`: the primary config's keys + each group's chosen option (or the union of
+    its options when the choice is unknown)."""
+    tree = option_tree(None, "config")
+    for group in group_names():
+        name = chosen_option(cfg, group, choices)
+        if name is not None:
+            tree[group] = option_tree(group, name)
+        else:
+            merged: dict = {}
+            for o in options(group):
+                _union(merged, option_tree(group, o))
+            tree[group] = merged
+    for key in OPTIONAL_KEYS:
+        group, _, leaf = key.partition(".")
+        if isinstance(tree.get(group), dict):
+            tree[group].setdefault(leaf, None)
+    return tree
+
+
+def _union(into: dict, other: dict) -> None:
+    for k, v in other.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _union(into[k], v)
+        else:
+            into.setdefault(k, v)
+
+
+def unknown_key_message(tree: dict, key: str, source: str = "") -> str:
+    """One line for a key that `tree` does not have: the valid keys under its deepest existing parent."""
+    parts, node, at = key.split("."), tree, []
+    for p in parts[:-1]:
+        if not isinstance(node, dict) or p not in node:
+            break
+        node, at = node[p], [*at, p]
+    valid = sorted(map(str, node)) if isinstance(node, dict) else []
+    where = f"under '{'.'.join(at)}'" if at else "at the top level (config groups and keys)"
+    src = f" (set {source})" if source else ""
+    return f"unknown key '{key}'{src}; valid keys {where}: {', '.join(valid)}"
+
+
+# ------------------------------------------------------------------------------------------- the rules
+def _int(lo=None, hi=None):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and (lo is None or v >= lo) and (
+        hi is None or v <= hi)
+
+
+def _num(lo=None, hi=None, lo_open=False):
+    def ok(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return False
+        return (lo is None or (v > lo if lo_open else v >= lo)) and (hi is None or v <= hi)
+    return ok
+
+
+def _null_or(pred):
+    return lambda v: v is None or pred(v)
+
+
+def _one_of(*valid):
+    return lambda v: v in valid and type(v) is type(next(x for x in valid if x == v))
+
+
+def _int_list(lo=0):
+    return lambda v: isinstance(v, list) and len(v) > 0 and all(_int(lo)(x) for x in v)
+
+
+def _num_samples(v):
+    if v is None or v == "paper":
+        return True
+    if isinstance(v, dict):
+        return bool(v) and all(isinstance(k, str) and _int(1)(n) for k, n in v.items())
+    return _int(1)(v)
+
+
+def _fusion_weight(v):
+    return v == "learned" or _num()(v) or (isinstance(v, list) and len(v) > 0 and all(_num()(x) for x in v))
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+# key -> (predicate, what would be valid). Applied where the key exists (drafter keys differ per drafter).
+RULES = {
+    "seed": (_int(), "an int"),
+    "device": (lambda v: isinstance(v, str) and DEVICE.fullmatch(v) is not None, "auto, cpu, cuda or cuda:N"),
+    "cpu_threads": (_null_or(_int(1)), "an int >= 1, or null (torch's default)"),
+    "eval.num_samples": (_num_samples, "an int >= 1, null (all), 'paper' or a mapping {benchmark: int >= 1}"),
+    "eval.max_new_tokens": (_int(1), "an int >= 1"),
+    "eval.shuffle_seed": (_int(), "an int"),
+    "eval.warmup": (_int(0), "an int >= 0"),
+    "eval.check_lossless": (_one_of("auto", True, False), "auto, true or false"),
+    "decoding.protocol": (_one_of("greedy", "A", "B"), "greedy, A or B"),
+    "decoding.temperature": (_num(0), "a finite number >= 0"),
+    "benchmark.names": (lambda v: isinstance(v, list) and len(v) > 0 and all(isinstance(x, str) for x in v),
+                        "a non-empty list of benchmark names"),
+    "benchmark.source": (_one_of("local", "hf"), "local or hf"),
+    "target.dtype": (_one_of("auto", *DTYPES), "auto, " + ", ".join(DTYPES)),
+    "target.hidden_size": (_int(1), "an int >= 1"),
+    "target.intermediate_size": (_int(1), "an int >= 1"),
+    "target.num_layers": (_int(1), "an int >= 1"),
+    "target.num_heads": (_int(1), "an int >= 1"),
+    "target.num_kv_heads": (_int(1), "an int >= 1"),
+    "target.max_context": (_int(2), "an int >= 2"),
+    "target.mask_token_id": (_null_or(_int(0)), "an int >= 0 or null"),
+    "target.stop_token_ids": (_null_or(_int_list()), "a non-empty list of ints >= 0, or null"),
+    "target.source": (_one_of("auto", "hub", "gguf"), "auto, hub or gguf"),
+    "drafter.init": (_one_of("auto", "random", "checkpoint"), "auto, random or checkpoint"),
+    "drafter.block_size": (_int(2), "an int >= 2 (the anchor + at least one draft)"),
+    "drafter.num_layers": (_int(1), "an int >= 1"),
+    "drafter.target_layer_ids": (_null_or(_int_list()), "a non-empty list of target layer ids >= 0, or null"),
+    "drafter.seed": (_int(), "an int"),
+    "drafter.head.init": (_one_of("auto", "random", "checkpoint"), "auto, random or checkpoint"),
+    "drafter.head.gru_hidden": (_int(1), "an int >= 1"),
+    "drafter.head.train.num_anchors": (_int(1), "an int >= 1"),
+    "drafter.head.train.epochs": (_int(1), "an int >= 1"),
+    "drafter.head.train.block_size": (_null_or(_int(2)), "an int >= 2 or null"),
+    "drafter.edit.passes": (_int(0), "an int >= 0"),
+    "drafter.edit.window": (_null_or(_int(1)), "an int >= 1 or null"),
+    "drafter.edit.verify": (_null_or(_int(1)), "an int >= 1 or null"),
+    "fusion.alpha": (_fusion_weight, "a finite number, a list of them, or 'learned'"),
+    "fusion.beta": (_fusion_weight, "a finite number, a list of them, or 'learned'"),
+    "fusion.kernel": (_one_of("auto", "triton", "torch"), "auto, triton or torch"),
+    "fusion.cuda_graph": (_one_of("auto", True, False), "auto, true or false"),
+    "logger.mode": (_one_of(None, "online", "offline", "disabled"), "null, online, offline or disabled"),
+    "data.max_samples": (_null_or(_int(1)), "an int >= 1 or null (all)"),
+    "data.shuffle_seed": (_int(), "an int"),
+    "data.max_length": (_int(2), "an int >= 2"),
+    "data.min_response_tokens": (_int(0), "an int >= 0"),
+    "data.features": (_one_of("cache", "online"), "cache or online"),
+    "data.feature_dtype": (_one_of(*DTYPES), ", ".join(DTYPES)),
+    "data.shard_tokens": (_int(1), "an int >= 1"),
+    "data.regen.batch_size": (_int(1), "an int >= 1"),
+    "data.regen.max_new_tokens": (_int(1), "an int >= 1"),
+    "data.regen.temperature": (_num(0), "a finite number >= 0"),
+    "data.regen.top_p": (_num(0, 1, lo_open=True), "a number in (0, 1]"),
+    "data.regen.top_k": (_int(0), "an int >= 0"),
+    "train.num_anchors": (_int(1), "an int >= 1"),
+    "train.gamma": (_null_or(_num(0, lo_open=True)), "a number > 0 or null"),
+    "train.lr": (_num(0, lo_open=True), "a finite number > 0"),
+    "train.warmup_ratio": (_num(0, 1), "a number in [0, 1]"),
+    "train.weight_decay": (_num(0), "a finite number >= 0"),
+    "train.grad_clip": (_null_or(_num(0)), "a finite number >= 0 or null"),
+    "train.epochs": (_int(1), "an int >= 1"),
+    "train.max_steps": (lambda v: _int(1)(v) or v == -1 and _int()(v), "-1 (no limit) or an int >= 1"),
+    "train.accumulate": (_int(1), "an int >= 1"),
+    "train.ckpt_every": (_int(1), "an int >= 1"),
+    "train.log_every": (_int(1), "an int >= 1"),
+    "train.seed": (_int(), "an int"),
+    "train.export_dtype": (_one_of(*DTYPES), ", ".join(DTYPES)),
+}
+
+
+def _target_layers(t: dict) -> int | None:
+    """The target's decoder layer count when the config alone tells it (tiny_qwen3, or a local directory)."""
+    if t.get("loader") == "tiny_qwen3":
+        return t.get("num_layers")
+    path = t.get("path")
+    if isinstance(path, str) and (Path(path).expanduser() / "config.json").is_file():
+        try:
+            n = json.loads((Path(path).expanduser() / "config.json").read_text()).get("num_hidden_layers")
+        except (OSError, ValueError, AttributeError):
+            return None                          # the target loader reports an unreadable config itself
+        return n if _int(1)(n) else None
+    return None
+
+
+# ------------------------------------------------------------------------------------------- validate
+def _fmt(v) -> str:
+    return "null" if v is None else repr(v)
+
+
+def _source(key: str, job: dict) -> str:
+    """Where a key was most likely set, for the message: the command line, an experiment or a sweep file."""
+    for o in job.get("overrides", []):
+        if o.lstrip("+~").split("=", 1)[0] == key:
+            return ""                            # the command line: the user just typed it
+    exp = (job.get("choices") or {}).get("experiment")
+    if exp:
+        return f"by experiment={exp}"
+    if job.get("config_name") not in (None, "config"):
+        return f"by --config-name {job['config_name']}"
+    return ""
+
+
+def validate(cfg, job: dict | None = None) -> None:
+    """Check the composed config: unknown keys, types, ranges. Raises `UserError` (one line) on the first fault.
+    `job` = `hydra_choices()` (taken from the running Hydra job when not given)."""
+    job = hydra_choices() if job is None else job
+    try:
+        values = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
+    except Exception as e:                        # a broken ${...}: OmegaConf raises several types
+        raise UserError(f"cannot resolve the config: {str(e).splitlines()[0]}") from None
+    values.pop("hydra", None)
+    tree = schema(cfg, job.get("choices"))
+    types = {"": {}}
+    for g in group_names():
+        types[g] = group_types(g)
+
+    def walk(value, ref, path: str):
+        if path in FREE_FORM or _tag(ref) == ANY or ref == {}:
+            return                               # anything goes here; RULES below say more where they can
+        if isinstance(ref, dict):
+            if not isinstance(value, dict):
+                raise UserError(f"{path}={_fmt(value)} must be a mapping with keys: {', '.join(map(str, ref))}")
+            for k, v in value.items():
+                sub = f"{path}.{k}" if path else str(k)
+                if k not in ref:
+                    raise UserError(unknown_key_message(tree, sub, _source(sub, job)))
+                walk(v, ref[k], sub)
+            return
+        group = path.split(".", 1)[0]
+        allowed = types.get(group, {}).get(path) or frozenset({_tag(ref)})
+        tag = _tag(value)
+        if ANY in allowed or tag == ANY or tag in allowed or (tag == "int" and "float" in allowed):
+            return
+        if path in RULES:                        # the rule below names what is valid, more precisely
+            return
+        want = " or ".join(sorted(allowed))
+        raise UserError(f"{path}={_fmt(value)} has type {tag}; expected {want} (as in conf/{group}/)")
+
+    walk(values, tree, "")
+    for key, (ok, valid) in RULES.items():
+        node, found = values, True
+        for p in key.split("."):
+            if not isinstance(node, dict) or p not in node:
+                found = False
+                break
+            node = node[p]
+        if found and not ok(node):
+            raise UserError(f"{key}={_fmt(node)} is not valid; expected {valid}")
+    _check_target_fit(values)
+
+
+def _check_target_fit(values: dict) -> None:
+    d, t = values.get("drafter") or {}, values.get("target") or {}
+    n = _target_layers(t)
+    ids = d.get("target_layer_ids")
+    if n is not None and isinstance(ids, list):
+        bad = [i for i in ids if i >= n]
+        if bad:
+            raise UserError(f"drafter.target_layer_ids={ids} out of range for target {t.get('name')} "
+                            f"(layers 0..{n - 1})")
+    if t.get("loader") == "tiny_qwen3" and t.get("hidden_size", 0) % max(1, t.get("num_heads", 1)):
+        raise UserError(f"target.hidden_size={t['hidden_size']} must be a multiple of target.num_heads="
+                        f"{t['num_heads']}")
+
+
+# ---------------------------------------------------------------------------------- the run directory
+# Files a run writes into its directory (the evaluator's results contract, the loggers, training summaries).
+RUN_FILES = ("samples.jsonl", "summary.json", "summary.md", "config.yaml", "run_info.json", "run.json",
+             "metrics.csv", "summary.csv", "train_summary.json", "data.json")
+# Faults of the machine rather than of the program: one line, no traceback.
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EISDIR,
+                      errno.ENOTDIR, errno.ENAMETOOLONG}
+
+
+def check_run_dir(out_dir) -> None:
+    """The run directory must be writable and none of the files a run writes may be a directory."""
+    d = Path(out_dir)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe = d / f".specexp-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"run directory {d} is not writable ({e.strerror}); choose another hydra.run.dir") from None
+    for name in RUN_FILES:
+        if (d / name).is_dir():
+            raise UserError(f"{d / name} is a directory but the run writes a file there; move it away or choose "
+                            f"another hydra.run.dir")
+
+
+def environment_error_message(e: OSError) -> str | None:
+    """One line for a disk or permission fault met while writing (a full disk, a read-only file system), else None."""
+    if e.errno not in ENVIRONMENT_ERRNOS:
+        return None
+    what = f" {e.filename}" if e.filename else ""
+    return f"cannot write{what}: {e.strerror or os.strerror(e.errno)}; free some space or fix the permissions"
+
+
+# ------------------------------------------------------------------------------- typed views of groups
+class _FromCfg:
+    @classmethod
+    def from_cfg(cls, node):
+        d = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass(frozen=True)
+class EvalConfig(_FromCfg):
+    num_samples: int | str | dict | None
+    max_new_tokens: int
+    shuffle_seed: int = 0
+    run_ar: bool = True
+    check_lossless: bool | str = "auto"
+    warmup: int = 1
+    save_text: bool = True
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class DecodingConfig(_FromCfg):
+    protocol: str
+    temperature: float
+
+
+@dataclass(frozen=True)
+class TrainConfig(_FromCfg):
+    num_anchors: int
+    lr: float
+    epochs: int
+    gamma: float | None = None
+    warmup_ratio: float = 0.04
+    weight_decay: float = 0.0
+    grad_clip: float | None = 1.0
+    max_steps: int = -1
+    accumulate: int = 1
+    precision: str = "auto"
+    devices: int | str = "auto"
+    strategy: str = "auto"
+    attention: str = "auto"
+    init_from_target: bool = False
+    ckpt_every: int = 200
+    log_every: int = 10
+    seed: int = 0
+    export_dtype: str = "bfloat16"
+    export_dir: str | None = None
+    eval_after: bool = False
+
+
+@dataclass(frozen=True)
+class DataConfig(_FromCfg):
+    corpus: list
+    max_samples: int | None
+    max_length: int
+    shuffle_seed: int = 0
+    regenerate: bool = False
+    corpus_answers: bool = True
+    regen: dict | None = None
+    min_response_tokens: int = 8
+    features: str = "online"
+    feature_dtype: str = "bfloat16"
+    shard_tokens: int = 65536
+    corpus_dir: str | None = None
