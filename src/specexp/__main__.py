@@ -16,6 +16,10 @@ from .errors import UserError
 
 
 def run_task(cfg: DictConfig, out_dir: str):
+    from .config import check_run_dir, validate
+
+    validate(cfg)                   # keys, types and ranges of the composed config, before any work
+    check_run_dir(out_dir)
     import torch
 
     from . import registry
@@ -30,7 +34,7 @@ def run_task(cfg: DictConfig, out_dir: str):
     # at the edge, so every later stage (fingerprints, training stages, cards) sees the resolved paths.
     cfg.drafter = registry.fill_default_checkpoints(cfg.drafter, cfg.target.name)
     torch.manual_seed(cfg.seed)
-    if cfg.get("cpu_threads"):
+    if cfg.get("cpu_threads") is not None:
         torch.set_num_threads(cfg.cpu_threads)
     summary = tasks[cfg.task.name](cfg, out_dir)
     return summary.get("macro", {}).get("tau") if isinstance(summary, dict) else None
@@ -42,6 +46,13 @@ def _hydra_main(cfg: DictConfig):
         return run_task(cfg, HydraConfig.get().runtime.output_dir)
     except UserError as e:
         fail(str(e))
+    except OSError as e:            # a full disk or a read-only file met while writing results: one line too
+        from .config import environment_error_message
+
+        message = environment_error_message(e)
+        if message is None:
+            raise
+        fail(message)
 
 
 def main() -> None:
