@@ -83,6 +83,35 @@ class CSVLogger(NoLogger):
                 w.writerow([name, *(b[k] for k in keys)])
 
 
+def _warn(message: str) -> None:
+    print(f"specexp: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _reachable(url: str, timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to `url`'s host opens within `timeout` seconds, name lookup included (in a
+    daemon thread: a resolver with no network can block far longer than its own timeout)."""
+    import socket
+    import threading
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    if not u.hostname:
+        return False
+    port, ok = u.port or (443 if u.scheme == "https" else 80), []
+
+    def probe():
+        try:
+            socket.create_connection((u.hostname, port), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    t.join(timeout)
+    return bool(ok)
+
+
 class WandbLogger(NoLogger):
     def __init__(self, cfg, out_dir: Path, config: dict, name: str):
         import wandb
@@ -91,8 +120,21 @@ class WandbLogger(NoLogger):
             "online" if os.environ.get("WANDB_API_KEY") else "offline")
         one_of("logger.mode", mode, ("online", "offline", "disabled"))
         self.wandb = wandb
-        self.run = wandb.init(project=cfg.project, entity=cfg.get("entity"), name=name, dir=str(out_dir),
-                              mode=mode, config=config, tags=list(cfg.get("tags") or []), reinit="finish_previous")
+        server = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+        offline = f"logging offline to {Path(out_dir) / 'wandb'} (sync later with `wandb sync`)"
+        if mode == "online" and not _reachable(server):
+            # wandb.init would retry for minutes and then raise; the run's results matter more than the dashboard
+            _warn(f"W&B server {server} is unreachable; {offline}")
+            mode = "offline"
+        kw = dict(project=cfg.project, entity=cfg.get("entity"), name=name, dir=str(out_dir), config=config,
+                  tags=list(cfg.get("tags") or []), reinit="finish_previous")
+        try:
+            self.run = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=30), **kw)
+        except Exception as e:                           # wandb's own error types (CommError, UsageError, ...)
+            if mode != "online":
+                raise
+            _warn(f"W&B init failed ({type(e).__name__}); {offline}")
+            self.run = wandb.init(mode="offline", **kw)
 
     def log(self, metrics, step=None):
         self.run.log(metrics, step=step)
