@@ -84,10 +84,14 @@ def test_no_pointer_outside_the_repository():
 
 
 @pytest.mark.parametrize("folder,pattern", [("experiments", "*.py"), ("sweeps", "*.yaml")])
-def test_folder_readme_lists_every_file(folder, pattern):
+def test_readmes_list_every_script_and_sweep(folder, pattern):
+    files = sorted((ROOT / folder).glob(pattern))
     text = (ROOT / folder / "README.md").read_text()
-    missing = [p.name for p in sorted((ROOT / folder).glob(pattern)) if f"`{p.name}`" not in text]
+    missing = [p.name for p in files if f"`{p.name}`" not in text]
     assert not missing, f"{folder}/README.md does not list: {', '.join(missing)}"
+    top = (ROOT / "README.md").read_text()
+    missing = [f"{folder}/{p.name}" for p in files if f"`{folder}/{p.name}`" not in top]
+    assert not missing, f"README.md (Paper tables, figures and sweeps) does not list: {', '.join(missing)}"
 
 
 def test_docs_index_and_relative_links():
