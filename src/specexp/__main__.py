@@ -24,11 +24,15 @@ def run_task(cfg: DictConfig, out_dir: str):
 
     from . import registry
     from .errors import one_of
+    from .eval.compare import run_compare
     from .eval.evaluator import run_eval
+    from .eval.replay import run_replay
     from .training.local_heads import run_prior
     from .training.tasks import run_regenerate, run_train
 
     tasks = {"eval": run_eval, "train": run_train, "regenerate": run_regenerate, "prior": run_prior}
+    tasks["replay"] = run_replay                 # τ without decoding, on cached greedy references
+    tasks["compare"] = run_compare               # paired comparison of two result directories
     one_of("task", cfg.task.name, tasks)
     # Which checkpoints a drafter uses for a target is the drafter's knowledge (its registry entry); filled here,
     # at the edge, so every later stage (fingerprints, training stages, cards) sees the resolved paths.

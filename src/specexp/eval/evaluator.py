@@ -148,15 +148,30 @@ def warmup(target, drafter, dc: DecodeConfig, n: int) -> None:
             generate(target, None, ids, short, g)
 
 
-def summarize(records: list[dict], names: list[str], target, drafter, dc: DecodeConfig) -> dict:
+def summarize(records: list[dict], names: list[str], target, drafter, dc: DecodeConfig, round_metrics=None,
+              mode: str = "online") -> dict:
+    """summary.json. `mode`: "online" (decoded by the engine) or "replay" (eval/replay.py: no timing fields,
+    near-tie counts instead). τ comes with its 95% bootstrap CI over prompts, per benchmark and macro."""
     k = drafter.max_drafts if drafter is not None else 0
     by_bench = {n: [r for r in records if r["benchmark"] == n] for n in names}
-    benches = {n: metrics.summarize_benchmark(rs, k) for n, rs in by_bench.items() if rs}
+    by_bench = {n: rs for n, rs in by_bench.items() if rs}
+    benches = {n: metrics.summarize_benchmark(rs, k) for n, rs in by_bench.items()}
+    ci, macro_ci = metrics.tau_ci95(by_bench)
+    macro = metrics.macro(benches) | {"tau_ci95": macro_ci}
+    for n, b in benches.items():                        # the drafter's own per-benchmark fields, keys its own
+        b["tau_ci95"] = ci.get(n)
+        b.update((round_metrics.benchmark(by_bench[n]) or {}) if round_metrics is not None else {})
+        if mode == "replay":
+            for key in metrics.TIMING_KEYS:
+                b.pop(key, None)
+            b.update(metrics.near_tie_summary(by_bench[n]))
+    if mode == "replay":
+        macro.pop("speedup", None)
     return {
-        "target": target.name, "drafter": drafter.name if drafter is not None else "none",
+        "target": target.name, "drafter": drafter.name if drafter is not None else "none", "mode": mode,
         "decoding": {"temperature": dc.temperature, "protocol": dc.protocol},
         "max_new_tokens": dc.max_new_tokens, "num_draft_tokens": k,
-        "benchmarks": benches, "macro": metrics.macro(benches),
+        "benchmarks": benches, "macro": macro,
     }
 
 

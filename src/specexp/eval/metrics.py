@@ -117,9 +117,9 @@ def summarize_benchmark(records: list[dict], k_max: int) -> dict:
         "num_turns": len(records),
         "tau": tau(records),
         "speedup": speedup(records),
-        "tpot_ms": _mean_ms(r["tpot"] for r in records),
+        "tpot_ms": _mean_ms(r.get("tpot") for r in records),
         "tpot_ar_ms": _mean_ms(r.get("ar_tpot") for r in records),
-        "ttft_ms": _mean_ms(r["ttft"] for r in records),
+        "ttft_ms": _mean_ms(r.get("ttft") for r in records),
         "new_tokens": sum(r["new_tokens"] for r in records),
         "accept_rate_per_position": accept_rate_per_position(records, k_max),
         "accept_rate_conditional": conditional_accept_rate(records, k_max),
@@ -129,9 +129,131 @@ def summarize_benchmark(records: list[dict], k_max: int) -> dict:
     }
 
 
+TIMING_KEYS = ("speedup", "tpot_ms", "tpot_ar_ms", "ttft_ms")     # summary fields only an online run measures
+
+
+def near_tie_summary(records: list[dict]) -> dict:
+    """Replay diagnostics of one benchmark: rounds, rounds with a target top-2 logit gap below the threshold among
+    their verified positions, turns with any such round, and reference tokens the teacher-forced pass ranks second."""
+    return {"rounds": sum(len(r["accept_lengths"]) for r in records),
+            "near_tie_rounds": sum(len(r.get("near_tie_rounds") or []) for r in records),
+            "near_tie_turns": sum(bool(r.get("near_tie_rounds")) for r in records),
+            "tf_argmax_mismatches": sum(r.get("tf_argmax_mismatches") or 0 for r in records)}
+
+
 def macro(benchmarks: dict[str, dict]) -> dict:
     def mean_of(key):
         values = [b[key] for b in benchmarks.values() if b[key] is not None]
         return fmean(values) if values else None
 
     return {"tau": mean_of("tau"), "speedup": mean_of("speedup")}
+
+
+# ------------------------------------------------------------------------------------- uncertainty
+# 95% intervals are percentile bootstraps over prompts (a multi-turn prompt is resampled with all its turns,
+# since its turns are not independent). The statistic is the summary's own τ: the mean of per-turn τ over the
+# resampled turns. Macro: every benchmark resampled independently, then the unweighted mean of the benchmark τs.
+# Paired (two runs on the same references): the same resampled prompts for both runs, Δτ = τ_A − τ_B.
+# Fixed seed and BOOTSTRAP_REPLICATES draws, so a summary is reproducible to the digit.
+BOOTSTRAP_REPLICATES = 2000
+BOOTSTRAP_SEED = 0
+
+
+def _per_prompt(records: list[dict]) -> dict[str, tuple[float, int]]:
+    """Prompt id -> (sum of its turns' τ, number of turns with a τ), in first-seen order."""
+    out: dict[str, tuple[float, int]] = {}
+    for r in records:
+        t = turn_tau(r["accept_lengths"])
+        s, n = out.get(r["id"], (0.0, 0))
+        out[r["id"]] = (s + t, n + 1) if t is not None else (s, n)
+    return out
+
+
+def _resampled_tau(sums, counts, idx):
+    """τ of each replicate: `sums`, `counts` `[P]`, `idx` `[R, P]` resampled prompt indices → `[R]` (nan if no turn)."""
+    import torch
+
+    num, den = sums[idx].sum(1), counts[idx].sum(1)                                    # [R], [R]
+    return torch.where(den > 0, num / den.clamp(min=1), torch.full_like(num, float("nan")))
+
+
+def _draws(n_prompts: int, generator) -> "torch.Tensor":
+    import torch
+
+    return torch.randint(0, n_prompts, (BOOTSTRAP_REPLICATES, n_prompts), generator=generator)   # [R, P]
+
+
+def _percentiles(x) -> list[float] | None:
+    import torch
+
+    x = x[~torch.isnan(x)]
+    if x.numel() == 0:
+        return None
+    lo, hi = torch.quantile(x.double(), torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return [lo, hi]
+
+
+def _replicates(by_bench: dict[str, list[dict]], generator):
+    """Per benchmark: τ of every bootstrap replicate `[R]`."""
+    import torch
+
+    out = {}
+    for name, records in by_bench.items():
+        pp = _per_prompt(records)
+        if not any(n for _, n in pp.values()):
+            continue
+        sums = torch.tensor([s for s, _ in pp.values()], dtype=torch.float64)         # [P]
+        counts = torch.tensor([n for _, n in pp.values()], dtype=torch.float64)       # [P]
+        out[name] = _resampled_tau(sums, counts, _draws(len(pp), generator))
+    return out
+
+
+def tau_ci95(by_bench: dict[str, list[dict]]) -> tuple[dict[str, list[float] | None], list[float] | None]:
+    """95% bootstrap CIs of τ per benchmark and of the macro τ (see above); None where there is no τ."""
+    import torch
+
+    g = torch.Generator().manual_seed(BOOTSTRAP_SEED)
+    reps = _replicates(by_bench, g)
+    per = {name: _percentiles(r) for name, r in reps.items()}
+    macro_ci = _percentiles(torch.stack(list(reps.values())).mean(0)) if reps else None
+    return per, macro_ci
+
+
+def _paired(a: list[dict], b: list[dict], generator):
+    """One benchmark, the prompts both runs have: the summary row and the replicates of Δτ `[R]`."""
+    import torch
+
+    pa, pb = _per_prompt(a), _per_prompt(b)
+    ids = [i for i in pa if i in pb and pa[i][1] and pb[i][1]]
+    if not ids:
+        return {"num_prompts": 0, "tau_a": None, "tau_b": None, "delta": None, "delta_ci95": None,
+                "a_wins": None, "ties": None, "b_wins": None}, None
+    sa, na = (torch.tensor([pa[i][k] for i in ids], dtype=torch.float64) for k in (0, 1))   # [P] each
+    sb, nb = (torch.tensor([pb[i][k] for i in ids], dtype=torch.float64) for k in (0, 1))
+    idx = _draws(len(ids), generator)
+    reps = _resampled_tau(sa, na, idx) - _resampled_tau(sb, nb, idx)                   # [R]
+    ta, tb = float(sa.sum() / na.sum()), float(sb.sum() / nb.sum())
+    ma, mb, n = sa / na, sb / nb, len(ids)                                             # [P] per-prompt τ
+    return {"num_prompts": n, "tau_a": ta, "tau_b": tb, "delta": ta - tb, "delta_ci95": _percentiles(reps),
+            "a_wins": int((ma > mb).sum()) / n, "ties": int((ma == mb).sum()) / n,
+            "b_wins": int((ma < mb).sum()) / n}, reps
+
+
+def paired_comparison(a: dict[str, list[dict]], b: dict[str, list[dict]]) -> tuple[dict[str, dict], dict]:
+    """Run A vs run B per benchmark (records grouped by benchmark), over the prompts both have: Δτ = τ_A − τ_B
+    with a paired-bootstrap 95% CI, and the shares of prompts whose mean per-turn τ is higher in A (`a_wins`),
+    equal, or higher in B. Macro: the unweighted mean Δτ over benchmarks, its CI from the mean of the
+    benchmarks' replicates."""
+    import torch
+
+    g = torch.Generator().manual_seed(BOOTSTRAP_SEED)
+    per, reps = {}, []
+    for name in a:
+        if name in b:
+            per[name], r = _paired(a[name], b[name], g)
+            if r is not None:
+                reps.append(r)
+    deltas = [c["delta"] for c in per.values() if c["delta"] is not None]
+    macro = {"delta": fmean(deltas) if deltas else None,
+             "delta_ci95": _percentiles(torch.stack(reps).mean(0)) if reps else None}
+    return per, macro

@@ -6,17 +6,39 @@ def _f(x, fmt: str) -> str:
     return "–" if x is None else format(x, fmt)
 
 
+def ci(c, fmt: str = ".2f") -> str:
+    """A 95% interval `[lo, hi]` as text; – when there is none."""
+    return "–" if not c else f"[{format(c[0], fmt)}, {format(c[1], fmt)}]"
+
+
 def summary_markdown(summary: dict) -> str:
-    """The per-benchmark τ / speedup table of one evaluation run."""
+    """The per-benchmark table of one run: τ with its 95% CI, and speedup/TPOT (online) or near-ties (replay)."""
     d = summary["decoding"]
+    replay = summary.get("mode") == "replay"
+    m = summary["macro"]
+    if replay:
+        head = (f"**{summary['drafter']}** on **{summary['target']}**, replayed on the target's greedy references "
+                f"(τ includes the bonus token; 95% CI: bootstrap over prompts; near-tie rounds: a target top-2 logit "
+                f"gap below the threshold among the verified positions)\n\n")
+        rows = ["| benchmark | samples | turns | τ | τ 95% CI | rounds | near-tie rounds | TF argmax ≠ ref |",
+                "|---|---:|---:|---:|---|---:|---:|---:|"]
+        for name, b in summary["benchmarks"].items():
+            rows.append(f"| {name} | {b['num_samples']} | {b['num_turns']} | {_f(b['tau'], '.3f')} | "
+                        f"{ci(b.get('tau_ci95'), '.3f')} | {b['rounds']} | {b['near_tie_rounds']} | "
+                        f"{b['tf_argmax_mismatches']} |")
+        rows.append(f"| **macro** | | | **{_f(m['tau'], '.3f')}** | {ci(m.get('tau_ci95'), '.3f')} | | | |")
+        return head + "\n".join(rows) + "\n"
     head = (f"**{summary['drafter']}** on **{summary['target']}**, {d['protocol']} decoding at T={d['temperature']}"
-            f" (τ includes the bonus token; speedup = mean AR TPOT / mean TPOT, same engine, same prompts)\n\n")
-    rows = ["| benchmark | samples | turns | τ | speedup | TPOT ms | AR TPOT ms | TTFT ms | lossless mismatches |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            f" (τ includes the bonus token; 95% CI: bootstrap over prompts; speedup = mean AR TPOT / mean TPOT, "
+            f"same engine, same prompts)\n\n")
+    rows = ["| benchmark | samples | turns | τ | τ 95% CI | speedup | TPOT ms | AR TPOT ms | TTFT ms | "
+            "lossless mismatches |",
+            "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for name, b in summary["benchmarks"].items():
         rows.append(f"| {name} | {b['num_samples']} | {b['num_turns']} | {_f(b['tau'], '.2f')} | "
+                    f"{ci(b.get('tau_ci95'))} | "
                     f"{_f(b['speedup'], '.2f')}{'' if b['speedup'] is None else '×'} | {_f(b['tpot_ms'], '.1f')} | "
                     f"{_f(b['tpot_ar_ms'], '.1f')} | {_f(b['ttft_ms'], '.0f')} | {_f(b['lossless_mismatches'], 'd')} |")
-    m = summary["macro"]
-    rows.append(f"| **macro** | | | **{_f(m['tau'], '.2f')}** | **{_f(m['speedup'], '.2f')}** | | | | |")
+    rows.append(f"| **macro** | | | **{_f(m['tau'], '.2f')}** | {ci(m.get('tau_ci95'))} | "
+                f"**{_f(m['speedup'], '.2f')}** | | | | |")
     return head + "\n".join(rows) + "\n"

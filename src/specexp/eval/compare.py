@@ -1,0 +1,78 @@
+"""`task=compare`: two runs on the same prompts, paired (formulas in eval/metrics.py).
+
+Reads `samples.jsonl` of `compare.a` and `compare.b` (task=replay or task=eval, any mix), keeps the prompts both
+have, and reports per benchmark τ_A, τ_B, Δτ = τ_A − τ_B with a paired-bootstrap 95% CI and the shares of prompts
+where A / B has the higher τ. Pairing is only meaningful on the same outputs: turns whose output text hashes differ
+(another target, budget or prompt set; an online near-tie) are counted and reported, not hidden.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import check
+from ..tracking import write_json
+from . import metrics
+
+
+def load_records(run_dir) -> list[dict]:
+    path = Path(run_dir) / "samples.jsonl"
+    check(path.is_file(), f"{run_dir!s}: no samples.jsonl (a run directory of task=replay or task=eval)")
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass                                  # a torn last line of a run in progress
+    return out
+
+
+def _label(run_dir) -> str:
+    s = Path(run_dir) / "summary.json"
+    if s.exists():
+        d = json.loads(s.read_text())
+        return f"{d.get('drafter', '?')} ({d.get('mode', 'online')}) {run_dir}"
+    return str(run_dir)
+
+
+def compare(a: list[dict], b: list[dict]) -> dict:
+    names = list(dict.fromkeys(r["benchmark"] for r in a))
+    ga = {n: [r for r in a if r["benchmark"] == n] for n in names}
+    gb = {n: [r for r in b if r["benchmark"] == n] for n in names}
+    per, macro = metrics.paired_comparison(ga, gb)
+    ha = {(r["benchmark"], r["id"], r["turn"]): r.get("text_sha256") for r in a}
+    hb = {(r["benchmark"], r["id"], r["turn"]): r.get("text_sha256") for r in b}
+    common = ha.keys() & hb.keys()
+    return {"benchmarks": per, "macro": macro, "turns_compared": len(common),
+            "turns_with_different_outputs": sum(ha[k] != hb[k] for k in common)}
+
+
+def compare_markdown(result: dict) -> str:
+    f = lambda x, fmt: "–" if x is None else format(x, fmt)                                    # noqa: E731
+    ci = lambda c: "–" if c is None else f"[{c[0]:+.3f}, {c[1]:+.3f}]"                        # noqa: E731
+    rows = [f"A = {result['a']}  \nB = {result['b']}\n",
+            "| benchmark | prompts | τ A | τ B | Δτ (A − B) | 95% CI | A wins | ties | B wins |",
+            "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for name, c in result["benchmarks"].items():
+        rows.append(f"| {name} | {c['num_prompts']} | {f(c['tau_a'], '.3f')} | {f(c['tau_b'], '.3f')} | "
+                    f"{f(c['delta'], '+.3f')} | {ci(c['delta_ci95'])} | {f(c['a_wins'], '.0%')} | "
+                    f"{f(c['ties'], '.0%')} | {f(c['b_wins'], '.0%')} |")
+    m = result["macro"]
+    rows.append(f"| **macro** | | | | **{f(m['delta'], '+.3f')}** | {ci(m['delta_ci95'])} | | | |")
+    rows.append(f"\nPaired bootstrap over prompts ({metrics.BOOTSTRAP_REPLICATES} replicates, seed "
+                f"{metrics.BOOTSTRAP_SEED}); {result['turns_with_different_outputs']} of {result['turns_compared']} "
+                f"common turns have different outputs in A and B.")
+    return "\n".join(rows) + "\n"
+
+
+def run_compare(cfg, out_dir) -> dict:
+    c = cfg.compare
+    check(bool(c.a) and bool(c.b), "task=compare needs compare.a=DIR and compare.b=DIR (run directories)")
+    result = {"a": _label(c.a), "b": _label(c.b), **compare(load_records(c.a), load_records(c.b))}
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = compare_markdown(result)
+    write_json(out_dir / "compare.json", result)
+    (out_dir / "compare.md").write_text(md)
+    print(md, flush=True)
+    return {"macro": {"tau": result["macro"]["delta"]}}

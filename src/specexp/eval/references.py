@@ -1,0 +1,175 @@
+"""Reference continuations for replay: the target's own greedy output on every selected prompt.
+
+Under greedy decoding every lossless drafter emits exactly this text, so a drafter's τ is a function of it
+(eval/replay.py). A reference is what `task=eval drafter=none` produces, token for token: the same engine
+(`decoding.engine.generate` with no drafter, batch 1), the same chat formatting, and for multi-turn samples
+each next user turn follows the target's own decoded previous answer.
+
+Store (`ReferenceStore`): a directory `<root>/<fingerprint>/` with
+  manifest.json     what the references depend on (see `set_fingerprint`) and its hash, the directory's name
+  references.jsonl  one line per sample, appended as each finishes (a rerun resumes; a torn last line is dropped):
+                    {"benchmark", "id", "key", "turns": [{"prompt_len", "prompt_sha256", "tokens", "stop_reason"}]}
+`key` hashes the sample's user turns, so an edited prompt file never reuses a stale reference.
+Export / import: one gzipped JSON file `{"manifest": ..., "references": [...]}` (token ids only, a few hundred
+bytes per turn), refused on import when its manifest differs from this run's.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from ..decoding.engine import DecodeConfig, generate
+from ..errors import UserError, check, differing_keys
+
+FORMAT_VERSION = 1
+
+
+def _sha(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def weights_sha256(model: torch.nn.Module) -> str:
+    """Hash of every parameter and buffer (name, dtype, shape, bytes), in name order."""
+    h = hashlib.sha256()
+    state = model.state_dict()
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def set_fingerprint(target, dc: DecodeConfig) -> dict:
+    """What every reference of a set depends on besides its prompt: target weights, tokenizer and chat format,
+    token budget and stop ids (greedy decoding, batch 1)."""
+    tok = target.tokenizer
+    backend = getattr(tok, "backend_tokenizer", None)
+    return {
+        "version": FORMAT_VERSION, "target": target.name,
+        "weights_sha256": weights_sha256(target.model),
+        "tokenizer_sha256": hashlib.sha256(backend.to_str().encode()).hexdigest() if backend is not None else None,
+        "chat_template_sha256": _sha([getattr(tok, "chat_template", None), target.chat_kwargs]),
+        "max_new_tokens": dc.max_new_tokens, "stop_token_ids": list(dc.stop_token_ids),
+    }
+
+
+def sample_key(sample) -> str:
+    return _sha([sample.benchmark, sample.id, list(sample.turns)])[:32]
+
+
+def prompt_sha(ids: list[int]) -> str:
+    return hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:32]
+
+
+class ReferenceStore:
+    """The reference set of one fingerprint under `root`; appends only (a crash loses at most the sample in flight)."""
+
+    def __init__(self, root: str | os.PathLike, fingerprint: dict):
+        self.fingerprint = fingerprint
+        self.hash = _sha(fingerprint)[:16]
+        self.dir = Path(os.path.expanduser(str(root))) / self.hash
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.file = self.dir / "references.jsonl"
+        manifest = self.dir / "manifest.json"
+        if not manifest.exists():
+            tmp = manifest.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"fingerprint": fingerprint, "hash": self.hash}, indent=1) + "\n")
+            os.replace(tmp, manifest)
+        self.refs: dict[str, dict] = {}
+        if self.file.exists():
+            lines = self.file.read_text().splitlines()
+            for i, line in enumerate(lines):
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    check(i == len(lines) - 1, f"{self.file} line {i + 1} is corrupt; move the file away")
+                    self._rewrite()
+                    break
+                self.refs[r["key"]] = r
+
+    def _rewrite(self) -> None:
+        tmp = self.file.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.refs.values()))
+        os.replace(tmp, self.file)
+
+    def get(self, sample) -> dict | None:
+        return self.refs.get(sample_key(sample))
+
+    def add(self, refs: list[dict]) -> None:
+        refs = [r for r in refs if r["key"] not in self.refs]
+        if not refs:
+            return
+        with self.file.open("a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in refs))
+            f.flush()
+            os.fsync(f.fileno())
+        self.refs.update((r["key"], r) for r in refs)
+
+    def export(self, path: str | os.PathLike, samples) -> int:
+        """Write the references of `samples` (all must be present) to one gzipped JSON file; returns the count."""
+        refs = [self.get(s) for s in samples]
+        check(all(r is not None for r in refs), "replay.export: some references are missing; run replay first")
+        path = Path(os.path.expanduser(str(path)))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with gzip.open(tmp, "wt") as f:
+            json.dump({"manifest": {"fingerprint": self.fingerprint, "hash": self.hash}, "references": refs}, f,
+                      separators=(",", ":"))
+        os.replace(tmp, path)
+        return len(refs)
+
+    def import_file(self, path: str | os.PathLike) -> int:
+        """Add the references of an exported file; its fingerprint must equal this set's. Returns the count."""
+        path = Path(os.path.expanduser(str(path)))
+        check(path.is_file(), f"replay.references={str(path)!r}: no such file")
+        try:
+            with gzip.open(path, "rt") as f:
+                data = json.load(f)
+            fp, refs = data["manifest"]["fingerprint"], data["references"]
+        except (OSError, EOFError, json.JSONDecodeError, KeyError, TypeError):
+            raise UserError(f"replay.references={str(path)!r}: not a reference file written by replay.export") \
+                from None
+        diff = differing_keys(fp, self.fingerprint)
+        check(not diff, f"replay.references={str(path)!r} was made with different {', '.join(diff)} than this run "
+                        f"(target {self.fingerprint['target']}, eval.max_new_tokens={self.fingerprint['max_new_tokens']})")
+        self.add(refs)
+        return len(refs)
+
+
+def turn_prompt(target, messages: list[dict]) -> list[int]:
+    return target.encode_chat(messages)
+
+
+def compute_reference(target, sample, dc: DecodeConfig) -> dict:
+    """All turns of one sample by greedy AR decoding, exactly as `task=eval drafter=none` runs them."""
+    messages, turns = [], []
+    for user in sample.turns:
+        messages.append({"role": "user", "content": user})
+        ids = turn_prompt(target, messages)
+        check(len(ids) + dc.max_new_tokens <= target.max_context,
+              f"sample {sample.id}: prompt of {len(ids)} tokens + eval.max_new_tokens={dc.max_new_tokens} exceeds "
+              f"the target context of {target.max_context}; lower eval.max_new_tokens")
+        gen = generate(target, None, ids, dc)
+        turns.append({"prompt_len": len(ids), "prompt_sha256": prompt_sha(ids), "tokens": gen.tokens,
+                      "stop_reason": gen.stop_reason})
+        messages.append({"role": "assistant", "content": target.decode(gen.tokens)})
+    return {"benchmark": sample.benchmark, "id": sample.id, "key": sample_key(sample), "turns": turns}
+
+
+def turns_with_prompts(target, sample, ref: dict):
+    """Yield `(turn, prompt ids, reference tokens)`, rebuilding each prompt as the reference run did and checking
+    it is the one the reference was made from."""
+    messages = []
+    for turn, (user, t) in enumerate(zip(sample.turns, ref["turns"])):
+        messages.append({"role": "user", "content": user})
+        ids = turn_prompt(target, messages)
+        check(prompt_sha(ids) == t["prompt_sha256"],
+              f"sample {sample.id} turn {turn}: the prompt differs from the one its reference was made from "
+              f"(tokenizer or chat template changed?); clear replay.cache_dir to rebuild the references")
+        yield turn, ids, t["tokens"]
+        messages.append({"role": "assistant", "content": target.decode(t["tokens"])})

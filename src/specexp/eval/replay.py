@@ -1,0 +1,230 @@
+"""`task=replay`: τ of a drafter without decoding.
+
+Under greedy decoding a lossless drafter's output is the target's own greedy continuation (the reference,
+eval/references.py), whatever it drafts. So the rounds the engine would run are determined by the reference
+alone, and replay runs them without the target in the loop:
+
+  taps, logits = target over prompt + reference[:-1], teacher-forced, in one forward (cached on disk by
+                 reference and tap layers, so every drafter reading the same taps shares it)
+  drafter.reset(); drafter.prefill(taps of the prompt)
+  anchor j = 0 (reference[j] at position P + j), produced = 1
+  while the reference goes on and produced < max_new_tokens:
+      k = min(K, max_new_tokens - produced - 1)           the engine's budget cap
+      drafts = drafter.propose(reference[j], P + j, k)
+      n = leading drafts equal to reference[j+1 ..]       what greedy verification would accept
+      committed = n + 1 (the bonus), or n when the drafts ran through the final stop token (engine truncation)
+      drafter.commit(n, taps of positions P+j .. P+j+n)   exactly the engine's commit
+      j += committed
+
+This is the engine's loop (decoding/engine.py) with verification replaced by a comparison with the reference.
+The one difference is numerical: the taps and the target's argmax come from one teacher-forced pass instead of
+incremental blocks, which changes float rounding. Where the target's top-2 logit gap is tiny that can flip an
+argmax; replay flags every round whose verified positions include a gap below `replay.near_tie`, so a reader can
+see that they account for every difference from an online run.
+
+Writes what `task=eval` writes (samples.jsonl with each turn's accept_lengths and output token ids, summary.json
+with `"mode": "replay"` and 95% CIs, summary.md), without timing fields.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from tqdm.auto import tqdm
+
+from .. import benchmarks, registry
+from ..decoding.engine import DecodeConfig, Generation
+from ..errors import check
+from ..report.tables import summary_markdown
+from ..targets import resolve_device
+from ..tracking import run_info, write_json, write_text_atomic
+from . import metrics
+from .references import ReferenceStore, compute_reference, set_fingerprint, turns_with_prompts
+from .store import ResultStore
+
+
+@torch.inference_mode()
+def teacher_forced(target, prompt: list[int], ref: list[int], taps) -> dict[str, torch.Tensor | None]:
+    """One target pass over `prompt + ref[:-1]`: the taps of every position (what the drafter would be handed)
+    and, for each reference token `ref[i]`, the target's argmax and top-2 logit gap at the position predicting it."""
+    ids = torch.tensor([prompt + ref[:-1]], device=target.device)                      # [1, T]
+    logits, hidden = target.forward(ids, 0, target.new_cache(), taps=taps)              # [1, T, V], [1, T, nH]
+    pred = logits[0, len(prompt) - 1:].float()                                           # [R, V]
+    top2 = pred.topk(2, dim=-1).values                                                   # [R, 2]
+    return {"taps": hidden, "argmax": pred.argmax(-1).cpu(), "gap": (top2[:, 0] - top2[:, 1]).cpu()}
+
+
+def _tap_file(root: Path, ref_hash: str, taps, key: str, turn: int) -> Path:
+    layers = "-".join(map(str, taps)) or "none"
+    return root / ref_hash / f"taps-{layers}" / f"{key}-t{turn}.safetensors"
+
+
+def cached_teacher_forced(target, prompt, ref, taps, path: Path | None) -> dict:
+    """`teacher_forced`, read from / written to `path` (safetensors) when given."""
+    from safetensors.torch import load_file, save_file
+
+    if path is not None and path.exists():
+        d = load_file(path, device=str(target.device))
+        return {"taps": d.get("taps"), "argmax": d["argmax"].cpu(), "gap": d["gap"].cpu()}
+    tf = teacher_forced(target, prompt, ref, taps)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        save_file({k: v.contiguous().cpu() for k, v in tf.items() if v is not None}, tmp)
+        os.replace(tmp, path)
+    return tf
+
+
+@torch.inference_mode()
+def replay_turn(drafter, prompt_len: int, ref: list[int], tf: dict, dc: DecodeConfig,
+                near_tie: float) -> tuple[Generation, list[int]]:
+    """The engine's rounds of one turn on the reference (see the module docstring). Returns the generation
+    (tokens = the reference, accept_lengths, drafted, rounds) and the indices of near-tie rounds."""
+    stops = set(dc.stop_token_ids)
+    gen = Generation(prompt_len=prompt_len, tokens=list(ref))
+    gen.stop_reason = "stop" if ref and ref[-1] in stops else "length"
+    taps, gap = tf["taps"], tf["gap"]
+    k_max = drafter.max_drafts if drafter is not None else 0
+    if drafter is not None:
+        drafter.reset()
+        drafter.prefill(taps[:, :prompt_len] if taps is not None else None)
+    ties, j, produced = [], 0, 1
+    done = not ref or ref[0] in stops
+    while not done and produced < dc.max_new_tokens:
+        k = min(k_max, dc.max_new_tokens - produced - 1)
+        drafts = drafter.propose(ref[j], prompt_len + j, k, None) if k > 0 else None
+        d = drafts.tokens.tolist() if drafts is not None else []
+        truth = ref[j + 1: j + 1 + k]
+        n = 0
+        while n < len(truth) and d[n] == truth[n]:
+            n += 1
+        committed = n if j + 1 + n == len(ref) else n + 1           # drafts ran through the final stop token
+        done = j + committed == len(ref) - 1 and ref[-1] in stops
+        if float(gap[j + 1: j + 1 + min(n + 1, len(ref) - 1 - j)].min()) < near_tie:
+            ties.append(len(gen.accept_lengths))
+        if drafts is not None and drafts.info is not None:
+            bonus = ref[j + n + 1] if j + n + 1 < len(ref) else -1  # -1: past the reference (unknown, never equal)
+            gen.rounds.append({**drafts.info, "tokens": drafts.tokens, "accepted": n, "bonus": bonus})
+        if drafter is not None and not done and produced + committed < dc.max_new_tokens:
+            drafter.commit(n, taps[:, prompt_len + j: prompt_len + j + n + 1] if taps is not None else None)
+        gen.accept_lengths.append(committed)
+        gen.drafted.append(k)
+        produced += committed
+        j += committed
+    assert produced == len(ref), f"replay committed {produced} tokens of a {len(ref)}-token reference"
+    return gen, ties
+
+
+def replay_record(sample, turn: int, gen: Generation, ties: list[int], tf: dict, text: str, save_text: bool,
+                  round_metrics=None) -> dict:
+    """One turn's samples.jsonl record: the online record's fields without timing, plus the output token ids and
+    the near-tie diagnostics (`near_tie_rounds`: indices of flagged rounds; `tf_argmax_mismatches`: reference
+    tokens the teacher-forced pass ranks second, each a tie the two computation orders break differently)."""
+    ref = gen.tokens
+    rec = {
+        "id": sample.id, "benchmark": sample.benchmark, "turn": turn, "prompt_tokens": gen.prompt_len,
+        "new_tokens": len(ref), "accept_lengths": gen.accept_lengths, "drafted": gen.drafted,
+        "tau": metrics.turn_tau(gen.accept_lengths), "stop_reason": gen.stop_reason,
+        "text_sha256": hashlib.sha256(text.encode()).hexdigest(), "lossless": None, "tokens": ref,
+        "near_tie_rounds": ties,
+        "tf_argmax_mismatches": int((tf["argmax"][1:] != torch.tensor(ref[1:], dtype=torch.long)).sum()),
+    }
+    if gen.rounds and round_metrics is not None:
+        rec.update(round_metrics.turn(gen.rounds, True))
+    if save_text:
+        rec["text"] = text
+    return rec
+
+
+def replay_settings(cfg) -> dict:
+    rp = cfg.replay
+    check(cfg.decoding.protocol == "greedy",
+          f"task=replay needs greedy decoding (got decoding.protocol={cfg.decoding.protocol}): under sampling the "
+          f"output depends on the drafter, so there is no single reference; use task=eval for decoding=sample_a|b")
+    check(isinstance(rp.near_tie, (int, float)) and math.isfinite(rp.near_tie) and rp.near_tie >= 0,
+          f"replay.near_tie={rp.near_tie!r} must be a finite number >= 0 (a top-2 logit gap)")
+    return rp
+
+
+def build_references(cfg, target, samples, dc: DecodeConfig) -> ReferenceStore:
+    """The reference store of this target and budget, with every selected sample's reference (computed as needed,
+    resumably; `replay.references=FILE` imported first; `replay.export=FILE` written after)."""
+    rp = cfg.replay
+    store = ReferenceStore(rp.cache_dir, set_fingerprint(target, dc))
+    if rp.references:
+        store.import_file(rp.references)
+    # Prompt-index-major across benchmarks (a stable sort), so an interrupted run covers every benchmark equally.
+    count: dict[str, int] = {}
+    index = []                                          # each sample's index within its benchmark
+    for s in samples:
+        index.append(count.get(s.benchmark, 0))
+        count[s.benchmark] = index[-1] + 1
+    todo = [s for _, s in sorted(zip(index, samples), key=lambda p: p[0]) if store.get(s) is None]
+    bar = tqdm(todo, desc=f"references on {target.name}", unit="sample", disable=not cfg.eval.progress or not todo,
+               dynamic_ncols=True)
+    for sample in bar:
+        store.add([compute_reference(target, sample, dc)])
+    if rp.export:
+        n = store.export(rp.export, samples)
+        print(f"specexp: wrote {n} references to {rp.export}", flush=True)
+    return store
+
+
+def run_replay(cfg, out_dir) -> dict:
+    """`task=replay`: replay `cfg.drafter` on the target's references of `cfg.benchmark`; returns the summary.
+    Everything is validated and the references exist before the run directory is claimed (eval/store.py)."""
+    from .evaluator import decode_config, summarize
+
+    out_dir = Path(out_dir)
+    rp = replay_settings(cfg)
+    ev = cfg.eval
+    device = resolve_device(cfg.device)
+    samples = benchmarks.load(list(cfg.benchmark.names), ev.num_samples, ev.shuffle_seed, cfg.benchmark.source,
+                              cfg.benchmark.get("data_dir"))
+    target = registry.build_target(cfg.target, device)
+    drafter = registry.build_drafter(cfg.drafter, target)
+    round_metrics = registry.drafter_entry(cfg.drafter.name).metrics
+    dc = decode_config(cfg.decoding, ev, target)
+    refs = build_references(cfg, target, samples, dc)
+    if rp.references_only:
+        return {}
+    settings = {
+        "mode": "replay", "references": refs.hash,
+        "target": {k: v for k, v in OmegaConf.to_container(cfg.target, resolve=True).items() if k != "cache_dir"},
+        "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
+        "max_new_tokens": ev.max_new_tokens, "near_tie": rp.near_tie, "save_text": ev.save_text,
+    }
+    taps = drafter.tap_layers if drafter is not None else ()
+    tap_root = Path(os.path.expanduser(str(rp.tap_cache_dir))) if rp.tap_cache else None
+    with ResultStore(out_dir, settings, samples) as store:
+        write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        write_json(out_dir / "run_info.json", {**run_info(device), "target_source": target.source,
+                                               "references": str(refs.dir)})
+        done = store.done()
+        todo = [s for s in samples if (s.benchmark, s.id) not in done]
+        bar = tqdm(todo, desc=f"replay {cfg.drafter.name} on {target.name}", unit="sample",
+                   disable=not ev.progress, dynamic_ncols=True)
+        for sample in bar:
+            ref, recs = refs.get(sample), []
+            for turn, prompt, tokens in turns_with_prompts(target, sample, ref):
+                path = _tap_file(tap_root, refs.hash, taps, ref["key"], turn) if tap_root is not None else None
+                tf = cached_teacher_forced(target, prompt, tokens, taps, path)
+                gen, ties = replay_turn(drafter, len(prompt), tokens, tf, dc, rp.near_tie)
+                recs.append(replay_record(sample, turn, gen, ties, tf, target.decode(tokens), ev.save_text,
+                                          round_metrics))
+            store.append(recs)
+            taus = [r["tau"] for r in recs if r["tau"] is not None]
+            bar.set_postfix(bench=sample.benchmark, tau=f"{metrics.fmean(taus):.2f}" if taus else "–")
+
+        wanted = {(s.benchmark, s.id) for s in samples}
+        summary = summarize([r for r in store.records if (r["benchmark"], r["id"]) in wanted],
+                            list(cfg.benchmark.names), target, drafter, dc, round_metrics, mode="replay")
+        md = summary_markdown(summary)
+        write_json(out_dir / "summary.json", summary)
+        write_text_atomic(out_dir / "summary.md", md)
+    print(md, flush=True)
+    return summary
