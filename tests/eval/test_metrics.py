@@ -1,4 +1,6 @@
 """Metric formulas on hand-made records (values computed by hand in the comments)."""
+import pytest
+
 from specexp.eval import metrics as M
 
 
@@ -29,3 +31,52 @@ def test_speedup_is_a_ratio_of_means():
     s = M.summarize_benchmark(r, 3)
     assert s["num_samples"] == 2 and s["lossless_mismatches"] == 0 and abs(s["tpot_ms"] - 20.0) < 1e-9
     assert M.macro({"x": s, "y": {**s, "tau": 4.0, "speedup": None}}) == {"tau": (2 + 4) / 2, "speedup": 1.5}
+
+
+def _prompts(taus_by_prompt, bench="b"):
+    """Records from per-prompt lists of per-turn τ values (each turn a single verification committing τ tokens)."""
+    return [{"id": f"p{i}", "benchmark": bench, "turn": t, "accept_lengths": [a], "drafted": [7]}
+            for i, turns in enumerate(taus_by_prompt) for t, a in enumerate(turns)]
+
+
+def test_bootstrap_ci_brackets_tau_is_reproducible_and_narrows_with_prompts():
+    import random
+
+    rng = random.Random(0)
+    few = _prompts([[rng.choice([1, 2, 3])] for _ in range(10)])
+    many = _prompts([[rng.choice([1, 2, 3])] for _ in range(400)])
+    ci_few = M.tau_ci95({"b": few})[0]["b"]
+    ci_many = M.tau_ci95({"b": many})[0]["b"]
+    assert ci_few[0] <= M.tau(few) <= ci_few[1] and ci_many[0] <= M.tau(many) <= ci_many[1]
+    assert ci_many[1] - ci_many[0] < (ci_few[1] - ci_few[0]) / 2
+    assert M.tau_ci95({"b": few}) == M.tau_ci95({"b": few})                  # fixed seed
+    assert M.tau_ci95({"b": _prompts([[2], [2], [2]])})[0]["b"] == [2.0, 2.0]   # no spread, no width
+
+
+def test_bootstrap_resamples_prompts_with_all_their_turns():
+    """Two turns of one prompt move together: a prompt with turns (1, 3) contributes both or neither, so every
+    replicate of [[1, 3]] * n has τ exactly 2."""
+    recs = _prompts([[1, 3]] * 20)
+    assert M.tau_ci95({"b": recs})[0]["b"] == [2.0, 2.0]
+
+
+def test_macro_ci_and_missing_tau():
+    a, b = _prompts([[1], [2], [3]] * 5, "a"), _prompts([[4]] * 15, "b")
+    per, macro = M.tau_ci95({"a": a, "b": b})
+    assert per["b"] == [4.0, 4.0]
+    assert macro[0] == pytest.approx((per["a"][0] + 4) / 2, abs=0.1) and macro[0] <= 3.0 <= macro[1]
+    assert M.tau_ci95({"x": [{"id": "p", "benchmark": "x", "accept_lengths": [], "drafted": []}]}) == ({}, None)
+
+
+def test_paired_comparison_delta_ci_and_win_shares():
+    base = [[1], [2], [3], [2], [1], [3], [2], [2]] * 4
+    a = {"b": _prompts([[t[0] + 1] for t in base[:16]] + base[16:])}        # A better on half the prompts
+    b = {"b": _prompts(base)}
+    per, macro = M.paired_comparison(a, b)
+    c = per["b"]
+    assert c["num_prompts"] == 32 and c["delta"] == pytest.approx(0.5)
+    assert 0 < c["delta_ci95"][0] < 0.5 < c["delta_ci95"][1]                # paired: the shared noise cancels
+    assert (c["a_wins"], c["ties"], c["b_wins"]) == (0.5, 0.5, 0.0)
+    assert macro["delta"] == pytest.approx(0.5)
+    same, _ = M.paired_comparison(b, b)
+    assert same["b"]["delta"] == 0 and same["b"]["delta_ci95"] == [0.0, 0.0] and same["b"]["ties"] == 1.0
