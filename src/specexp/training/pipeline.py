@@ -110,9 +110,11 @@ def lightning_fit(cfg, module, dataset, run_dir: Path, monitor_device: torch.dev
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
-    tc, dev = cfg.train, monitor_device
-    loader = torch.utils.data.DataLoader(dataset, batch_size=1, shuffle=True, collate_fn=lambda xs: xs[0],
-                                         generator=torch.Generator().manual_seed(tc.seed))
+    from .resume import EpochSampler, ResumeState, last_checkpoint  # exact resume: data order and generators
+
+    tc, dev, sampler = cfg.train, monitor_device, EpochSampler(len(dataset), cfg.train.seed)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=1, sampler=sampler, collate_fn=lambda xs: xs[0],
+                                         generator=torch.Generator())
     loggers = [CSVLogger(str(run_dir), name="logs")]   # a resumed run logs to the next version_N, keeping the old
     if cfg.logger.name == "wandb":
         from lightning.pytorch.loggers import WandbLogger
@@ -125,14 +127,14 @@ def lightning_fit(cfg, module, dataset, run_dir: Path, monitor_device: torch.dev
         precision=precision, max_epochs=tc.epochs, max_steps=tc.max_steps, gradient_clip_val=tc.grad_clip,
         accumulate_grad_batches=tc.accumulate, logger=loggers, log_every_n_steps=tc.log_every,
         callbacks=[ModelCheckpoint(dirpath=str(ckpt_dir), save_last=True, save_top_k=0,
-                                   every_n_train_steps=tc.ckpt_every)],
+                                   every_n_train_steps=tc.ckpt_every), ResumeState(sampler)],
         enable_progress_bar=True, enable_model_summary=False, default_root_dir=str(run_dir),
     )
-    last = ckpt_dir / "last.ckpt"
+    last = last_checkpoint(ckpt_dir)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     t0 = time.perf_counter()
-    trainer.fit(module, loader, ckpt_path=str(last) if last.exists() else None, weights_only=True)
+    trainer.fit(module, loader, ckpt_path=last, weights_only=True)
     return trainer, time.perf_counter() - t0, precision
 
 
