@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -69,7 +70,7 @@ class Sample:
 def read_jsonl(path: Path) -> list[dict]:
     """Read a benchmark file; any malformed line is one clear error naming file and line."""
     check(path.exists(), f"benchmark file {path} does not exist")
-    rows = []
+    rows, first_line = [], {}
     for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if not line.strip():
             continue
@@ -80,7 +81,12 @@ def read_jsonl(path: Path) -> list[dict]:
         turns = row.get("turns") if isinstance(row, dict) else None
         check(isinstance(turns, list) and turns and all(isinstance(t, str) and t for t in turns),
               f"{path} line {n}: expected {{\"id\": str, \"turns\": [non-empty str, ...]}}")
-        rows.append({"id": str(row.get("id", f"{path.stem}/{n}")), "turns": turns})
+        sid = str(row.get("id", f"{path.stem}/{n}"))
+        # Results are keyed by id (resume, paired comparisons): two samples with one id would be merged.
+        check(sid not in first_line, f"{path} line {n}: duplicate id {sid!r} (also on line {first_line.get(sid)}); "
+                                     f"every sample needs its own id")
+        first_line[sid] = n
+        rows.append({"id": sid, "turns": turns})
     check(bool(rows), f"benchmark file {path} is empty")
     return rows
 
@@ -99,6 +105,8 @@ def _read_hf(name: str, spec: BenchmarkSpec) -> list[dict]:
     for i, r in enumerate(ds):
         turns = r[key] if isinstance(r[key], list) else [r[key]]
         rows.append({"id": f"{name}/{r.get('task_id', r.get('prompt_id', i))}", "turns": list(turns)})
+    dup = [i for i, c in Counter(r["id"] for r in rows).items() if c > 1]
+    check(not dup, f"benchmark.source=hf: {dataset} gives two samples the id {dup[0]!r}; use benchmark.source=local")
     return rows
 
 

@@ -6,12 +6,15 @@ the config holds no credentials and the environment is never recorded.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import os
 import platform
 import subprocess
 import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -76,11 +79,12 @@ class CSVLogger(NoLogger):
 
     def summary(self, summary):
         keys = ["num_samples", "num_turns", "tau", "speedup", "tpot_ms", "tpot_ar_ms", "ttft_ms", "lossless_mismatches"]
-        with (self.dir / "summary.csv").open("w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["benchmark", *keys])
-            for name, b in summary["benchmarks"].items():
-                w.writerow([name, *(b[k] for k in keys)])
+        buf = io.StringIO(newline="")
+        w = csv.writer(buf)
+        w.writerow(["benchmark", *keys])
+        for name, b in summary["benchmarks"].items():
+            w.writerow([name, *(b[k] for k in keys)])
+        write_text_atomic(self.dir / "summary.csv", buf.getvalue())
 
 
 def _warn(message: str) -> None:
@@ -161,8 +165,36 @@ def make_logger(cfg, out_dir: Path, config: dict, name: str):
     return NoLogger()
 
 
-def write_json(path: Path, obj) -> None:
-    """Write JSON atomically: a crash mid-write never leaves a truncated file where a good one was."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Replace `path` with `text` atomically: readers (and a crash, a full disk, a kill) see the old file or the
+    new one, never a cut one. The temp file lives in the same directory (os.replace is atomic only within one
+    file system), is fsynced before the rename, and is removed if anything fails."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)                # mkstemp makes 0600; results are as readable as any other file
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(d: Path) -> None:
+    """Make the rename itself durable (POSIX); skipped where a directory cannot be opened."""
+    with contextlib.suppress(OSError):
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_json(path: str | os.PathLike, obj) -> None:
+    """Write JSON atomically (`write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")

@@ -3,17 +3,16 @@ AR baseline), writes one `samples.jsonl` record per turn as each sample finishes
 
 Files in the run directory (the results contract; see docs/architecture.md):
   samples.jsonl   appended as each sample finishes; a rerun into the same directory skips finished samples
+                  (what a rerun into an existing directory may do: store.py)
   summary.json    per-benchmark τ, speedup, TPOT, per-position acceptance, τ histogram, lossless mismatches
   summary.md      the table printed to the terminal
   config.yaml     the resolved config;  run_info.json  git SHA, package versions, device
-  run.json        what the results depend on; a rerun with a different one is refused
+  run.json        what the results depend on (settings, samples and their prompts); .lock  held while running
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import os
 import zlib
 from pathlib import Path
 
@@ -24,11 +23,12 @@ from tqdm.auto import tqdm
 from .. import benchmarks, registry
 from ..decoding.engine import DecodeConfig, Generation, generate
 from ..decoding.verify import PROTOCOLS
-from ..errors import check, differing_keys
+from ..errors import check
 from ..report.tables import summary_markdown
 from ..targets import resolve_device
-from ..tracking import make_logger, run_info, write_json
+from ..tracking import make_logger, run_info, write_json, write_text_atomic
 from . import metrics
+from .store import ResultStore
 
 
 def decode_config(decoding, ev, target) -> DecodeConfig:
@@ -47,47 +47,6 @@ def decode_config(decoding, ev, target) -> DecodeConfig:
 def turn_seed(seed: int, sample_id: str, turn: int) -> int:
     """Per-turn sampling seed, independent of sample order (a resumed run draws the same numbers)."""
     return zlib.crc32(f"{seed}/{sample_id}/{turn}".encode())
-
-
-class ResultStore:
-    """`samples.jsonl` + the run fingerprint. Only appends; never rewrites what an earlier run wrote."""
-
-    def __init__(self, out_dir: Path, fingerprint: dict):
-        self.dir = Path(out_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.samples = self.dir / "samples.jsonl"
-        run_file = self.dir / "run.json"
-        if run_file.exists():
-            old = json.loads(run_file.read_text())
-            diff = differing_keys(old, fingerprint)
-            check(not diff, f"{self.dir} holds results of a different run ({', '.join(diff)} differ); "
-                            f"choose another hydra.run.dir or rerun with the same settings to resume")
-        self.records: list[dict] = []
-        if self.samples.exists():
-            lines = self.samples.read_text().splitlines()
-            for i, line in enumerate(lines):
-                try:
-                    self.records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    # Only a torn last line (a crash mid-write) is tolerated; it is dropped on resume.
-                    check(i == len(lines) - 1, f"{self.samples} line {i + 1} is corrupt; move the file away")
-                    self._rewrite_without_torn_tail()
-        write_json(run_file, fingerprint)
-
-    def _rewrite_without_torn_tail(self):
-        tmp = self.samples.with_name("samples.jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records))
-        os.replace(tmp, self.samples)
-
-    def done(self) -> set[tuple[str, str]]:
-        return {(r["benchmark"], r["id"]) for r in self.records}
-
-    def append(self, recs: list[dict]) -> None:
-        with self.samples.open("a") as f:
-            f.write("".join(json.dumps(r) + "\n" for r in recs))
-            f.flush()
-            os.fsync(f.fileno())
-        self.records += recs
 
 
 def _record(sample, turn: int, prompt_len: int, spec: Generation, ar: Generation | None, text: str,
@@ -111,6 +70,13 @@ def _record(sample, turn: int, prompt_len: int, spec: Generation, ar: Generation
     return rec
 
 
+def check_fits(target, sample_id: str, turn: int, prompt_len: int, dc: DecodeConfig, k: int) -> None:
+    """The prompt, the new tokens and one block of drafts must fit in the target's context."""
+    check(prompt_len + dc.max_new_tokens + k + 1 <= target.max_context,
+          f"sample {sample_id} turn {turn}: prompt of {prompt_len} tokens + eval.max_new_tokens="
+          f"{dc.max_new_tokens} exceeds the target context of {target.max_context}; lower eval.max_new_tokens")
+
+
 def run_sample(target, drafter, sample, dc: DecodeConfig, ev, seed: int) -> list[dict]:
     """All turns of one sample; each next user turn follows the model's own previous answer."""
     k = drafter.max_drafts if drafter is not None else 0
@@ -118,10 +84,7 @@ def run_sample(target, drafter, sample, dc: DecodeConfig, ev, seed: int) -> list
     for turn, user in enumerate(sample.turns):
         messages.append({"role": "user", "content": user})
         ids = target.encode_chat(messages)
-        need = len(ids) + dc.max_new_tokens + k + 1
-        check(need <= target.max_context,
-              f"sample {sample.id} turn {turn}: prompt of {len(ids)} tokens + eval.max_new_tokens="
-              f"{dc.max_new_tokens} exceeds the target context of {target.max_context}; lower eval.max_new_tokens")
+        check_fits(target, sample.id, turn, len(ids), dc, k)
         g = torch.Generator(device=target.device)
         g.manual_seed(turn_seed(seed, sample.id, turn))
         spec = generate(target, drafter, ids, dc, g)
@@ -175,8 +138,25 @@ def summarize(records: list[dict], names: list[str], target, drafter, dc: Decode
     }
 
 
+def run_settings(cfg, device) -> dict:
+    """Every setting that changes a result, for run.json (the samples and their prompts are added by the store).
+    Not here: benchmark names, source, data_dir, num_samples and shuffle_seed, which only select samples (the
+    store compares the selected samples and their prompt text instead), and progress/logger/warmup."""
+    container = OmegaConf.to_container
+    return {
+        "target": {k: v for k, v in container(cfg.target, resolve=True).items() if k != "cache_dir"},
+        "drafter": container(cfg.drafter, resolve=True),
+        "decoding": container(cfg.decoding, resolve=True),
+        "eval": {k: cfg.eval.get(k) for k in ("max_new_tokens", "run_ar", "check_lossless", "save_text")},
+        "seed": cfg.seed, "device": device.type, "cpu_threads": cfg.get("cpu_threads"),
+    }
+
+
 def run_eval(cfg, out_dir: Path) -> dict:
-    """`task=eval`: evaluate `cfg.drafter` against AR on `cfg.benchmark`; returns the summary."""
+    """`task=eval`: evaluate `cfg.drafter` against AR on `cfg.benchmark`; returns the summary.
+
+    Everything that can be wrong with the input is checked before the run directory is claimed (store.py), so a
+    failed start leaves it as it was and the corrected command can use it."""
     out_dir = Path(out_dir)
     device = resolve_device(cfg.device)
     ev = cfg.eval
@@ -187,43 +167,40 @@ def run_eval(cfg, out_dir: Path) -> dict:
     check(not (ev.check_lossless is True and cfg.decoding.protocol != "greedy"),
           f"eval.check_lossless=true compares outputs token for token and needs greedy decoding (got protocol "
           f"{cfg.decoding.protocol}); at T>0 losslessness is a distribution-level property (tests/decoding)")
-    fingerprint = {
-        "target": {k: v for k, v in OmegaConf.to_container(cfg.target, resolve=True).items() if k != "cache_dir"},
-        "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
-        "decoding": OmegaConf.to_container(cfg.decoding, resolve=True),
-        "max_new_tokens": ev.max_new_tokens, "seed": cfg.seed, "run_ar": ev.run_ar,
-    }
-    store = ResultStore(out_dir, fingerprint)
     target = registry.build_target(cfg.target, device)
     drafter = registry.build_drafter(cfg.drafter, target)
     dc = decode_config(cfg.decoding, ev, target)
+    k = drafter.max_drafts if drafter is not None else 0
+    for s in samples:                   # first turns only: later ones depend on the model's answers
+        check_fits(target, s.id, 0, len(target.encode_chat([{"role": "user", "content": s.turns[0]}])), dc, k)
 
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    write_json(out_dir / "run_info.json", {**run_info(device), "target_source": target.source})
-    logger = make_logger(cfg.logger, out_dir, resolved, name=f"{cfg.drafter.name}-{target.name}")
+    with ResultStore(out_dir, run_settings(cfg, device), samples) as store:
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        write_json(out_dir / "run_info.json", {**run_info(device), "target_source": target.source})
+        logger = make_logger(cfg.logger, out_dir, resolved, name=f"{cfg.drafter.name}-{target.name}")
 
-    done = store.done()
-    todo = [s for s in samples if (s.benchmark, s.id) not in done]
-    if todo and ev.warmup:
-        warmup(target, drafter, dc, ev.warmup)
-    bar = tqdm(todo, desc=f"eval {cfg.drafter.name} on {target.name}", unit="sample",
-               disable=not ev.progress, dynamic_ncols=True)
-    for sample in bar:
-        recs = run_sample(target, drafter, sample, dc, ev, cfg.seed)
-        store.append(recs)
-        taus = [r["tau"] for r in recs if r["tau"] is not None]
-        bar.set_postfix(bench=sample.benchmark, tau=f"{metrics.fmean(taus):.2f}" if taus else "–")
-        logger.log({f"sample/{sample.benchmark}/tau": metrics.fmean(taus) if taus else None,
-                    "sample/new_tokens": sum(r["new_tokens"] for r in recs)}, step=len(store.records))
+        done = store.done()
+        todo = [s for s in samples if (s.benchmark, s.id) not in done]
+        if todo and ev.warmup:
+            warmup(target, drafter, dc, ev.warmup)
+        bar = tqdm(todo, desc=f"eval {cfg.drafter.name} on {target.name}", unit="sample",
+                   disable=not ev.progress, dynamic_ncols=True)
+        for sample in bar:
+            recs = run_sample(target, drafter, sample, dc, ev, cfg.seed)
+            store.append(recs)
+            taus = [r["tau"] for r in recs if r["tau"] is not None]
+            bar.set_postfix(bench=sample.benchmark, tau=f"{metrics.fmean(taus):.2f}" if taus else "–")
+            logger.log({f"sample/{sample.benchmark}/tau": metrics.fmean(taus) if taus else None,
+                        "sample/new_tokens": sum(r["new_tokens"] for r in recs)}, step=len(store.records))
 
-    wanted = {(s.benchmark, s.id) for s in samples}
-    summary = summarize([r for r in store.records if (r["benchmark"], r["id"]) in wanted],
-                        list(cfg.benchmark.names), target, drafter, dc)
-    md = summary_markdown(summary)
-    write_json(out_dir / "summary.json", summary)
-    (out_dir / "summary.md").write_text(md)
-    logger.summary(summary)
-    logger.finish()
+        wanted = {(s.benchmark, s.id) for s in samples}
+        summary = summarize([r for r in store.records if (r["benchmark"], r["id"]) in wanted],
+                            list(cfg.benchmark.names), target, drafter, dc)
+        md = summary_markdown(summary)
+        write_json(out_dir / "summary.json", summary)
+        write_text_atomic(out_dir / "summary.md", md)
+        logger.summary(summary)
+        logger.finish()
     print(md, flush=True)
     return summary

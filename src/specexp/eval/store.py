@@ -1,0 +1,222 @@
+"""The results directory of one run, and the rules for running into a directory that already holds one.
+
+A run directory belongs to one run, described by `run.json`:
+  {"format": 2, "settings": {...every setting that changes a result...},
+   "samples": {benchmark: {id: digest of the formatted prompt turns}}}
+and its results are `samples.jsonl` (one record per turn, appended as each sample finishes) plus the files
+written from them. A run that opens a directory (`ResultStore(dir, settings, samples)`) gets, in this order:
+  busy      another process holds `dir/.lock` (an OS lock, gone when its holder dies) -> refused;
+  fresh     no results yet (no `samples.jsonl` content, no `summary.json`) -> claimed, whatever `run.json` says;
+  same      same settings, and every recorded sample (one with records in samples.jsonl) is among this run's
+            samples with the same prompt -> resumed: finished samples are kept, the rest are run. This covers
+            the same command and a larger selection (a larger `eval.num_samples`, another benchmark next to
+            the recorded ones): the directory then holds exactly what a fresh run of this command would;
+  other     anything else (a setting, a selection that leaves a recorded sample out, a changed prompt)
+            -> refused, nothing in `dir` touched.
+A sample counts as done only when all its turns are recorded; on opening, an unterminated last line (a crash or
+a full disk mid-append), the records of a partly written sample and repeated records are dropped (the file is
+rewritten atomically), so those samples are redone. A corrupt line anywhere else is refused: it is not ours to
+guess. The caller validates everything (config, models, benchmark files) before it opens the store, so a run
+that fails validation leaves the directory as it was.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from ..errors import UserError, check
+from ..tracking import write_json, write_text_atomic
+
+FORMAT = 2                   # run.json layout; format 1 (a flat fingerprint, no samples) is refused as different
+LOCK, RUN, SAMPLES, SUMMARY = ".lock", "run.json", "samples.jsonl", "summary.json"
+
+
+def prompt_digest(sample) -> str:
+    """Digest of what the model is asked: benchmark, id and every formatted user turn."""
+    blob = json.dumps([sample.benchmark, sample.id, list(sample.turns)], ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def sample_plan(samples) -> dict[str, dict[str, str]]:
+    """{benchmark: {id: prompt digest}}, the `samples` entry of run.json."""
+    plan: dict[str, dict[str, str]] = {}
+    for s in samples:
+        plan.setdefault(s.benchmark, {})[s.id] = prompt_digest(s)
+    return plan
+
+
+def _flat(d, prefix="") -> dict:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v})
+    return out
+
+
+def settings_diff(recorded: dict, wanted: dict) -> list[str]:
+    """Dotted keys whose values differ (`drafter.init`, `decoding.temperature`, ...)."""
+    a, b = _flat(recorded), _flat(wanted)
+    return sorted(k for k in a.keys() | b.keys() if a.get(k, "<unset>") != b.get(k, "<unset>"))
+
+
+def samples_diff(recorded: dict, wanted: dict, keys: set[tuple[str, str]]) -> str | None:
+    """Why the recorded samples `keys` ((benchmark, id) with records) cannot continue into the plan `wanted`,
+    or None when every one of them is in it with the prompt `recorded` (the old plan) names."""
+    benches = {b for b, _ in keys}
+    if not benches <= set(wanted):
+        return (f"benchmarks recorded: {', '.join(sorted(benches))}; this run: {', '.join(sorted(wanted))} "
+                f"(benchmark=...)")
+    for bench in sorted(benches):
+        ids = sorted(i for b, i in keys if b == bench)
+        missing = [i for i in ids if i not in wanted[bench]]
+        if missing:
+            return (f"{len(missing)} of the {len(ids)} recorded {bench} samples are not in this run's selection, "
+                    f"e.g. {missing[0]!r} (eval.num_samples / eval.shuffle_seed / benchmark.source)")
+        changed = [i for i in ids if recorded.get(bench, {}).get(i) != wanted[bench][i]]
+        if changed:
+            return (f"the prompt of {len(changed)} recorded {bench} sample(s) differs, e.g. {changed[0]!r} "
+                    f"(benchmark.data_dir / benchmark.source content)")
+    return None
+
+
+def read_records(path: Path) -> tuple[list[dict], bool]:
+    """The records of a samples.jsonl, and whether its tail was torn (an unterminated last line, dropped even
+    when it parses: the writer did not finish it). A bad line before the last is a one-line error."""
+    if not path.exists():
+        return [], False
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    torn = lines.pop() != ""                # the piece after the last "\n": empty for a well-terminated file
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            rec = None
+        check(isinstance(rec, dict) and {"benchmark", "id"} <= rec.keys(),
+              f"{path} line {n} is corrupt (not a sample record); move the file away or choose another hydra.run.dir")
+        records.append(rec)
+    return records, torn
+
+
+class ResultStore:
+    """Claims a run directory for one run (see the module docstring) and appends its samples.
+
+    `settings`: every setting that changes a result (JSON-able). `samples`: the run's benchmark samples (the
+    prompts are hashed into run.json, and a multi-turn sample counts as done only with all its turns); without
+    them the recorded settings must match exactly and any record marks its sample done.
+    Holds `dir/.lock` until `close()` (also a context manager; the OS drops the lock if the process dies).
+    """
+
+    def __init__(self, out_dir, settings: dict, samples=None):
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.samples_file = self.dir / SAMPLES
+        self._lock = _lock(self.dir / LOCK)
+        try:
+            self._open(settings, samples)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, settings: dict, samples) -> None:
+        plan = sample_plan(samples) if samples is not None else None
+        self.turns = {(s.benchmark, s.id): len(s.turns) for s in samples} if samples is not None else None
+        wanted = {"format": FORMAT, "settings": settings, **({"samples": plan} if plan is not None else {})}
+        records, torn = read_records(self.samples_file)
+        run_file = self.dir / RUN
+        has_results = bool(records) or torn or (self.dir / SUMMARY).exists()
+        if has_results:
+            check(run_file.exists(), f"{self.dir} holds results but no {RUN}; choose another hydra.run.dir")
+            try:
+                old = json.loads(run_file.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise UserError(f"{run_file} is corrupt; choose another hydra.run.dir") from None
+            why = self._why_not(old, wanted, {(r["benchmark"], r["id"]) for r in records})
+            check(why is None, f"{self.dir} holds results of a different run ({why}); choose another hydra.run.dir "
+                               f"or rerun with the recorded settings to resume")
+        # Claimed from here on: repair, then record what this run is.
+        self.records = self._complete(records)
+        if torn or len(self.records) != len(records):
+            write_text_atomic(self.samples_file, "".join(json.dumps(r) + "\n" for r in self.records))
+        write_json(run_file, wanted)
+        self._lock.seek(0)
+        self._lock.truncate()
+        self._lock.write(f"{os.getpid()}\n")
+        self._lock.flush()
+
+    @staticmethod
+    def _why_not(old: dict, wanted: dict, keys: set) -> str | None:
+        if not isinstance(old, dict) or old.get("format") != FORMAT:
+            return f"{RUN} is of an older format"
+        diff = settings_diff(old.get("settings", {}), wanted["settings"])
+        if diff:
+            return f"{', '.join(diff)} differ"
+        if ("samples" in old) != ("samples" in wanted):
+            return "one of them records its samples and the other does not"
+        return samples_diff(old["samples"], wanted["samples"], keys) if "samples" in wanted else None
+
+    def _complete(self, records: list[dict]) -> list[dict]:
+        """The records of finished samples, each turn once (the first copy), in file order."""
+        by_sample: dict[tuple, dict[int, dict]] = {}
+        for r in records:
+            by_sample.setdefault((r["benchmark"], r["id"]), {}).setdefault(r.get("turn", 0), r)
+        done = set()
+        for key, turns in by_sample.items():
+            n = self.turns.get(key) if self.turns is not None else None
+            if n is None:                   # not in the plan (no plan given): its records are all we know
+                n = max(turns) + 1
+            if set(turns) == set(range(n)):
+                done.add(key)
+        kept, seen = [], set()
+        for r in records:
+            key = (r["benchmark"], r["id"])
+            if key in done and (key, r.get("turn", 0)) not in seen:
+                seen.add((key, r.get("turn", 0)))
+                kept.append(r)
+        return kept
+
+    def done(self) -> set[tuple[str, str]]:
+        """(benchmark, id) of every finished sample."""
+        return {(r["benchmark"], r["id"]) for r in self.records}
+
+    def append(self, recs: list[dict]) -> None:
+        """All turns of one finished sample, in one write (fsynced): a crash leaves at most a torn last line."""
+        if len({(r["benchmark"], r["id"]) for r in recs}) != 1:
+            raise ValueError("ResultStore.append takes the records of exactly one sample")
+        with self.samples_file.open("a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in recs))
+            f.flush()
+            os.fsync(f.fileno())
+        self.records += recs
+
+    def close(self) -> None:
+        if self._lock is not None and not self._lock.closed:
+            self._lock.close()              # closing the descriptor releases the flock
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _lock(path: Path):
+    """An exclusive, non-blocking flock on `path`. The lock file itself is never removed (removing it would let a
+    second process lock a new file while the first still holds the old one); a leftover file does not block."""
+    f = open(path, "a+", encoding="utf-8")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip()
+        f.close()
+        raise UserError(f"{path.parent} is in use by another run{f' (pid {holder})' if holder else ''}; wait for it "
+                        f"to finish or choose another hydra.run.dir") from None
+    return f
