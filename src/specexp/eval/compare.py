@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from ..errors import check
-from ..tracking import write_json
+from ..tracking import write_json, write_text_atomic
 from . import metrics
 
 
@@ -73,6 +73,6 @@ def run_compare(cfg, out_dir) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     md = compare_markdown(result)
     write_json(out_dir / "compare.json", result)
-    (out_dir / "compare.md").write_text(md)
+    write_text_atomic(out_dir / "compare.md", md)
     print(md, flush=True)
     return {"macro": {"tau": result["macro"]["delta"]}}
