@@ -15,14 +15,19 @@ from pathlib import Path
 import yaml
 
 
+CIS: dict[tuple[float, float], list[float]] = {}    # macro τ 95% CIs of the cells whose summary has one
+
+
 def load(sweep: Path, metric: str) -> dict[tuple[float, float], float]:
     grid = {}
     for d in sorted(p for p in sweep.iterdir() if (p / "summary.json").exists()):
         fusion = yaml.safe_load((d / "config.yaml").read_text())["fusion"]
         s = json.loads((d / "summary.json").read_text())
-        value = s["macro"][metric]
+        value = s["macro"].get(metric)                  # replay summaries have no speedup
         if value is not None and not isinstance(fusion["alpha"], list):
             grid[(float(fusion["alpha"]), float(fusion["beta"]))] = float(value)
+            if metric == "tau" and s["macro"].get("tau_ci95"):
+                CIS[(float(fusion["alpha"]), float(fusion["beta"]))] = s["macro"]["tau_ci95"]
     return grid
 
 
@@ -36,9 +41,13 @@ def table(grid, alphas, betas, metric: str, title: str) -> str:
             v = grid.get((a, b))
             cells.append("–" if v is None else (f"**{v:.3f}**" if (a, b) == best else f"{v:.3f}"))
         lines.append(f"| {a:g} | " + " | ".join(cells) + " |")
-    lines += ["", f"best: α={best[0]:g}, β={best[1]:g}, {metric} {grid[best]:.3f}"]
+    ci = lambda c: f" (95% CI {c[0]:.3f}–{c[1]:.3f})" if c else ""                              # noqa: E731
+    lines += ["", f"best: α={best[0]:g}, β={best[1]:g}, {metric} {grid[best]:.3f}{ci(CIS.get(best))}"]
     if (0.0, 0.0) in grid:
-        lines.append(f"α=β=0 (DFlash's own drafts): {metric} {grid[(0.0, 0.0)]:.3f}")
+        lines.append(f"α=β=0 (DFlash's own drafts): {metric} {grid[(0.0, 0.0)]:.3f}{ci(CIS.get((0.0, 0.0)))}")
+    if CIS:
+        lines.append("For a claim that one cell beats another, compare the two runs paired: "
+                     "python -m specexp task=compare compare.a=DIR compare.b=DIR")
     return "\n".join(lines) + "\n"
 
 

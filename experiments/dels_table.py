@@ -24,6 +24,12 @@ def label(run: Path, s: dict) -> str:
     return s["drafter"]
 
 
+def ci(entry: dict) -> str:
+    """The 95% CI of τ when the summary has one (every summary written since CIs were added)."""
+    c = entry.get("tau_ci95")
+    return f" [{c[0]:.2f}, {c[1]:.2f}]" if c else ""
+
+
 def tau_table(runs: list[Path]) -> str:
     sums = [json.loads((r / "summary.json").read_text()) for r in runs]
     names = list(sums[0]["benchmarks"])
@@ -32,9 +38,10 @@ def tau_table(runs: list[Path]) -> str:
              f"{s0['benchmarks'][names[0]]['num_samples']} samples per benchmark)", "",
              "| drafter | " + " | ".join(names) + " | macro τ | macro speedup |", "|---|" + "---:|" * (len(names) + 2)]
     for r, s in zip(runs, sums):
-        cells = [f"{s['benchmarks'][n]['tau']:.2f}" if n in s["benchmarks"] else "–" for n in names]
-        sp = s["macro"]["speedup"]
-        lines.append(f"| {label(r, s)} | " + " | ".join(cells) + f" | {s['macro']['tau']:.3f} | "
+        cells = [f"{s['benchmarks'][n]['tau']:.2f}{ci(s['benchmarks'][n])}" if n in s["benchmarks"] else "–"
+                 for n in names]
+        sp = s["macro"].get("speedup")                  # replay summaries have none
+        lines.append(f"| {label(r, s)} | " + " | ".join(cells) + f" | {s['macro']['tau']:.3f}{ci(s['macro'])} | "
                      f"{'–' if sp is None else f'{sp:.2f}×'} |")
     base = sums[0]["macro"]["tau"]
     lines += ["", "macro τ relative to the first row: " + ", ".join(

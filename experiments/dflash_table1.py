@@ -24,9 +24,9 @@ PAPER = {
 }
 
 
-def cell(speedup, tau):
+def cell(speedup, tau, ci=None):
     s = "–" if speedup is None else f"{speedup:.2f}×"
-    return f"{s} / {'–' if tau is None else f'{tau:.2f}'}"
+    return f"{s} / {'–' if tau is None else f'{tau:.2f}'}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
 
 
 def main(dirs):
@@ -39,10 +39,12 @@ def main(dirs):
         t = s["decoding"]["temperature"]
         b = s["benchmarks"]
         rows.append(f"| {s['target']} T={t:g} ({s['decoding']['protocol']}) | " + " | ".join(
-            cell(b[n]["speedup"], b[n]["tau"]) if n in b else "–" for n in BENCH) + " |")
+            cell(b[n].get("speedup"), b[n]["tau"], b[n].get("tau_ci95")) if n in b else "–" for n in BENCH)
+            + " |")
         if (s["target"], t) in PAPER:
             rows.append(f"| paper {s['target']} T={t:g} | " + " | ".join(cell(*c) for c in PAPER[(s["target"], t)]) + " |")
-    table = "Cells: speedup / τ (τ includes the bonus token).\n\n" + "\n".join(rows) + "\n"
+    table = ("Cells: speedup / τ [95% CI over prompts, when the run has one] (τ includes the bonus token).\n\n"
+             + "\n".join(rows) + "\n")
     print(table)
     if dirs:
         (Path(dirs[0]).parent / "table1.md").write_text(table)

@@ -5,8 +5,8 @@ import json
 
 import pytest
 import torch
-
 from helpers import OracleDrafter
+
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.errors import UserError
@@ -24,7 +24,7 @@ def online_and_replay(target, make_drafter, ids, ref, dc):
     online = generate(target, make_drafter(), ids, dc)
     d = make_drafter()
     tf = teacher_forced(target, ids, ref, d.tap_layers if d is not None else ())
-    gen, ties = replay_turn(d, len(ids), ref, tf, dc, near_tie=1e-3)
+    gen, ties = replay_turn(d, ids, ref, tf, dc, near_tie=1e-3)
     return online, gen, ties
 
 
@@ -79,7 +79,7 @@ def test_replay_hands_the_drafter_the_engines_taps(tiny_target):
     make = lambda: TapRecorder(ref + [0] * 16, len(ids), 5, 0.25, t.vocab_size, seed=2)      # noqa: E731
     on, rp = make(), make()
     online = generate(t, on, ids, dc)
-    gen, _ = replay_turn(rp, len(ids), ref, teacher_forced(t, ids, ref, rp.tap_layers), dc, near_tie=0.0)
+    gen, _ = replay_turn(rp, ids, ref, teacher_forced(t, ids, ref, rp.tap_layers), dc, near_tie=0.0)
     assert gen.accept_lengths == online.accept_lengths and max(gen.accept_lengths) > 2
     # replay skips the last round's commit (the turn is over; nothing reads it)
     assert [s[0] for s in rp.seen] == [s[0] for s in on.seen][: len(rp.seen)] and len(rp.seen) == len(on.seen) - 1
@@ -114,8 +114,8 @@ def test_every_drafter_replays_as_the_engine_runs(cfg_factory, tiny_target, name
 
 def test_no_drafter_replays_to_one_token_per_round(tiny_target):
     ids, ref = reference(tiny_target, PROMPTS[0], 12)
-    gen, _ = replay_turn(None, len(ids), ref, teacher_forced(tiny_target, ids, ref, ()), DecodeConfig(max_new_tokens=12),
-                         near_tie=0.0)
+    tf = teacher_forced(tiny_target, ids, ref, ())
+    gen, _ = replay_turn(None, ids, ref, tf, DecodeConfig(max_new_tokens=12), near_tie=0.0)
     assert gen.accept_lengths == [1] * 11 and gen.drafted == [0] * 11
 
 
@@ -125,9 +125,9 @@ def test_near_ties_are_flagged_by_the_threshold(tiny_target):
     tf = teacher_forced(t, ids, ref, ())
     assert (tf["argmax"] == torch.tensor(ref)).all()   # teacher forcing reproduces the greedy reference here
     dc = DecodeConfig(max_new_tokens=20)
-    _, none = replay_turn(None, len(ids), ref, tf, dc, near_tie=0.0)
-    _, every = replay_turn(None, len(ids), ref, tf, dc, near_tie=float("inf"))
-    _, some = replay_turn(None, len(ids), ref, tf, dc, near_tie=float(tf["gap"][1:].median()))
+    _, none = replay_turn(None, ids, ref, tf, dc, near_tie=0.0)
+    _, every = replay_turn(None, ids, ref, tf, dc, near_tie=float("inf"))
+    _, some = replay_turn(None, ids, ref, tf, dc, near_tie=float(tf["gap"][1:].median()))
     assert none == [] and every == list(range(19)) and 0 < len(some) < 19
 
 
@@ -217,11 +217,13 @@ def test_compare_two_replays(cfg_factory, tmp_path):
             f"paths.cache={tmp_path / 'c'}"]
     run_replay(cfg_factory(*base, "drafter.block_size=4"), tmp_path / "a")
     run_replay(cfg_factory(*base, "drafter=none"), tmp_path / "b")
-    run_compare(cfg_factory("task=compare", f"compare.a={tmp_path / 'a'}", f"compare.b={tmp_path / 'a'}"), tmp_path / "aa")
+    pair = lambda a, b: cfg_factory("task=compare", f"compare.a={tmp_path / a}", f"compare.b={tmp_path / b}")  # noqa
+    run_compare(pair("a", "a"), tmp_path / "aa")
     same = json.loads((tmp_path / "aa" / "compare.json").read_text())
     g = same["benchmarks"]["gsm8k"]
-    assert g["delta"] == 0 and g["delta_ci95"] == [0, 0] and g["ties"] == 1 and same["turns_with_different_outputs"] == 0
-    run_compare(cfg_factory("task=compare", f"compare.a={tmp_path / 'a'}", f"compare.b={tmp_path / 'b'}"), tmp_path / "ab")
+    assert g["delta"] == 0 and g["delta_ci95"] == [0, 0] and g["ties"] == 1
+    assert same["turns_with_different_outputs"] == 0
+    run_compare(pair("a", "b"), tmp_path / "ab")
     ab = json.loads((tmp_path / "ab" / "compare.json").read_text())["benchmarks"]["gsm8k"]
     assert ab["tau_b"] == 1.0 and ab["delta"] == pytest.approx(ab["tau_a"] - 1.0) and ab["b_wins"] == 0
     assert "Δτ" in (tmp_path / "ab" / "compare.md").read_text()
@@ -243,3 +245,39 @@ def test_mini_target_replay_equals_engine(cfg_factory):
         assert online.tokens == ref
         assert gen.accept_lengths == online.accept_lengths or ties
         assert sum(gen.accept_lengths) == len(ref) - 1
+
+
+def test_dflash_propose_all_equals_propose_after_commits(tiny_target, tiny_dflash):
+    """The optional batched method: every anchor's drafts equal the protocol loop's (rows past the first draft that
+    differs from the sequence are -1), including full blocks when the sequence continues with the drafts."""
+    t, d = tiny_target, tiny_dflash
+    ids, ref = reference(t, PROMPTS[0], 20)
+    tf = teacher_forced(t, ids, ref, d.tap_layers)
+    seq, p, k = ids + ref, len(ids), d.max_drafts
+    loop = []
+    for j in range(len(ref) - 1):                       # the loop, committing one position per round
+        d.reset()
+        d.prefill(tf["taps"][:, : p + j])
+        loop.append(d.propose(seq[p + j], p + j, k, None).tokens.tolist())
+    starts = p + torch.arange(len(ref) - 1)
+    every = d.propose_all(tf["taps"], torch.tensor(seq), starts, torch.full((len(ref) - 1,), k), chunk=7).tolist()
+    for j, (a, b) in enumerate(zip(every, loop)):
+        m = next((i for i in range(k) if b[i] != seq[p + j + 1 + i]), k)
+        assert a[: m + 1] == b[: m + 1] and all(x == -1 for x in a[m + 1:])
+    for j in (0, 5, 17):                                # a sequence that goes on with the drafts: every row computed
+        own = torch.tensor(seq[: p + j + 1] + loop[j])
+        row = d.propose_all(tf["taps"][:, : p + j], own, torch.tensor([p + j]), torch.tensor([k]))
+        assert row[0].tolist() == loop[j]
+
+
+@pytest.mark.parametrize("n", [2, 9, 30])
+def test_batched_replay_equals_the_loop_and_the_engine(tiny_target, tiny_dflash, n):
+    t, d = tiny_target, tiny_dflash
+    ids, ref = reference(t, PROMPTS[1], n)
+    dc = DecodeConfig(max_new_tokens=n)
+    tf = teacher_forced(t, ids, ref, d.tap_layers)
+    batched, _ = replay_turn(d, ids, ref, tf, dc, near_tie=0.0, batched=True)
+    loop, _ = replay_turn(d, ids, ref, tf, dc, near_tie=0.0, batched=False)
+    online = generate(t, d, ids, dc)
+    assert batched.accept_lengths == loop.accept_lengths == online.accept_lengths
+    assert batched.drafted == online.drafted

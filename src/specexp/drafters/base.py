@@ -8,6 +8,14 @@ Life of one generation (positions are absolute, as the target's):
                                    target; return k drafts for positions start+1 .. start+k
     commit(n, taps)                n drafts were accepted; taps of [anchor, d1..dn] (positions
                                    start .. start+n) become context; the bonus is the next anchor
+
+Optional, for drafters whose drafts at an anchor depend only on the tokens and taps before it (greedy replay of a
+known sequence, eval/replay.py, uses it when present and the loop above otherwise):
+  propose_all(taps, ids, starts, ks)   ids [T]: a known sequence; taps [1, T-1, n*H] of its positions 0..T-2;
+                                   for each anchor position starts[i], the greedy drafts `[N, K]` that
+                                   propose(ids[s], s, ks[i]) would return after prefill/commit of taps[:, :s].
+                                   Drafts past the first one that differs from ids[s+1..] may be left at -1
+                                   (never computed): acceptance stops there.
 """
 from __future__ import annotations
 

@@ -337,6 +337,42 @@ class DFlashDrafter:
     def propose(self, anchor: int, start: int, k: int, sampling: Sampling | None) -> Proposal:
         return choose(self.block_logits(anchor, start, k)[1], sampling)
 
+    @torch.inference_mode()
+    def propose_all(self, taps: torch.Tensor, ids: torch.Tensor, starts: torch.Tensor, ks: torch.Tensor,
+                    chunk: int = 64) -> torch.Tensor:
+        """Greedy drafts at many anchors of a known sequence (drafters/base.py): every block in one batched pass,
+        each attending to the context before its own anchor (as training does), then the lm_head row by row only
+        for the blocks whose drafts so far equal the sequence: the vocabulary projection dominates a round's cost
+        and acceptance usually ends at the first draft. Returns `[N, K]`, -1 where not computed."""
+        dev, b = self.model.fc.weight.device, self.block_size
+        ctx_len = taps.shape[1]
+        ctx = self.model.context_kv(taps.to(self.model.fc.weight.dtype),
+                                    torch.arange(ctx_len, device=dev)[None])                # per layer [1, Hkv, C, D]
+        ids, starts, ks = ids.to(dev), starts.to(dev), ks.to(dev)
+        out = torch.full((len(starts), self.max_drafts), -1, dtype=torch.long, device=dev)  # [N, K]
+        for c0 in range(0, len(starts), chunk):
+            s, k = starts[c0: c0 + chunk], ks[c0: c0 + chunk]                               # [n]
+            n = len(s)
+            pos = s[:, None] + torch.arange(b, device=dev)                                  # [n, B]
+            block = torch.full((n, b), self.mask_token_id, device=dev)
+            block[:, 0] = ids[s]                                                            # [n, B]
+            sees = torch.arange(ctx_len, device=dev)[None] < s[:, None]                    # [n, C] context < anchor
+            mask = torch.cat([sees, torch.ones(n, b, dtype=torch.bool, device=dev)], 1)     # [n, C+B]
+            mask = mask[:, None, None].expand(n, 1, b, ctx_len + b)                         # [n, 1, B, C+B]
+            kv = [(k_.expand(n, -1, -1, -1), v_.expand(n, -1, -1, -1)) for k_, v_ in ctx]
+            hidden = self.model(self.embed(block), pos, kv, mask)                           # [n, B, H]
+            alive = torch.arange(n, device=dev)
+            for r in range(1, self.max_drafts + 1):
+                alive = alive[k[alive] >= r]
+                if alive.numel() == 0:
+                    break
+                d = self.lm_head(hidden[alive, r]).argmax(-1)                               # [a]
+                out[c0 + alive, r - 1] = d
+                nxt = s[alive] + r
+                truth = torch.where(nxt < len(ids), ids[nxt.clamp(max=len(ids) - 1)], -2)
+                alive = alive[d == truth]
+        return out
+
 
 def resolve_checkpoint(path_or_id: str) -> Path:
     """A local directory, or a hub repo id downloaded (config + safetensors only, never code)."""

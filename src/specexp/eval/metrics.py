@@ -177,7 +177,7 @@ def _resampled_tau(sums, counts, idx):
     return torch.where(den > 0, num / den.clamp(min=1), torch.full_like(num, float("nan")))
 
 
-def _draws(n_prompts: int, generator) -> "torch.Tensor":
+def _draws(n_prompts: int, generator):
     import torch
 
     return torch.randint(0, n_prompts, (BOOTSTRAP_REPLICATES, n_prompts), generator=generator)   # [R, P]

@@ -135,8 +135,9 @@ class ReferenceStore:
             raise UserError(f"replay.references={str(path)!r}: not a reference file written by replay.export") \
                 from None
         diff = differing_keys(fp, self.fingerprint)
+        fp = self.fingerprint
         check(not diff, f"replay.references={str(path)!r} was made with different {', '.join(diff)} than this run "
-                        f"(target {self.fingerprint['target']}, eval.max_new_tokens={self.fingerprint['max_new_tokens']})")
+                        f"(target {fp['target']}, eval.max_new_tokens={fp['max_new_tokens']})")
         self.add(refs)
         return len(refs)
 

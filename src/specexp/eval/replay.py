@@ -79,25 +79,40 @@ def cached_teacher_forced(target, prompt, ref, taps, path: Path | None) -> dict:
     return tf
 
 
+def _budget(j: int, k_max: int, dc: DecodeConfig) -> int:
+    """Drafts at the anchor ref[j] (j + 1 tokens produced): k drafts + 1 bonus must fit in the budget."""
+    return max(0, min(k_max, dc.max_new_tokens - (j + 1) - 1))
+
+
 @torch.inference_mode()
-def replay_turn(drafter, prompt_len: int, ref: list[int], tf: dict, dc: DecodeConfig,
-                near_tie: float) -> tuple[Generation, list[int]]:
+def replay_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc: DecodeConfig, near_tie: float,
+                batched: bool = False) -> tuple[Generation, list[int]]:
     """The engine's rounds of one turn on the reference (see the module docstring). Returns the generation
-    (tokens = the reference, accept_lengths, drafted, rounds) and the indices of near-tie rounds."""
+    (tokens = the reference, accept_lengths, drafted, rounds) and the indices of near-tie rounds.
+
+    `batched`: when the drafter has the optional `propose_all` (drafters/base.py), draft at every anchor of the
+    reference in one batched call first (its drafts at an anchor depend only on what precedes it), then walk the
+    rounds; otherwise (or without it) drive prefill / propose / commit round by round, as the engine does."""
+    prompt_len = len(prompt)
     stops = set(dc.stop_token_ids)
     gen = Generation(prompt_len=prompt_len, tokens=list(ref))
     gen.stop_reason = "stop" if ref and ref[-1] in stops else "length"
     taps, gap = tf["taps"], tf["gap"]
     k_max = drafter.max_drafts if drafter is not None else 0
-    if drafter is not None:
+    every = None
+    if drafter is not None and batched and hasattr(drafter, "propose_all") and len(ref) > 1:
+        ks = torch.tensor([_budget(j, k_max, dc) for j in range(len(ref) - 1)])                  # [L-1]
+        every = drafter.propose_all(taps, torch.tensor(prompt + ref), prompt_len + torch.arange(len(ref) - 1), ks)
+        every = every.tolist()                                                                   # [L-1][K]
+    elif drafter is not None:
         drafter.reset()
         drafter.prefill(taps[:, :prompt_len] if taps is not None else None)
     ties, j, produced = [], 0, 1
     done = not ref or ref[0] in stops
     while not done and produced < dc.max_new_tokens:
-        k = min(k_max, dc.max_new_tokens - produced - 1)
-        drafts = drafter.propose(ref[j], prompt_len + j, k, None) if k > 0 else None
-        d = drafts.tokens.tolist() if drafts is not None else []
+        k = _budget(j, k_max, dc)
+        drafts = drafter.propose(ref[j], prompt_len + j, k, None) if k > 0 and every is None else None
+        d = every[j][:k] if every is not None else drafts.tokens.tolist() if drafts is not None else []
         truth = ref[j + 1: j + 1 + k]
         n = 0
         while n < len(truth) and d[n] == truth[n]:
@@ -109,7 +124,7 @@ def replay_turn(drafter, prompt_len: int, ref: list[int], tf: dict, dc: DecodeCo
         if drafts is not None and drafts.info is not None:
             bonus = ref[j + n + 1] if j + n + 1 < len(ref) else -1  # -1: past the reference (unknown, never equal)
             gen.rounds.append({**drafts.info, "tokens": drafts.tokens, "accepted": n, "bonus": bonus})
-        if drafter is not None and not done and produced + committed < dc.max_new_tokens:
+        if drafter is not None and every is None and not done and produced + committed < dc.max_new_tokens:
             drafter.commit(n, taps[:, prompt_len + j: prompt_len + j + n + 1] if taps is not None else None)
         gen.accept_lengths.append(committed)
         gen.drafted.append(k)
@@ -213,7 +228,7 @@ def run_replay(cfg, out_dir) -> dict:
             for turn, prompt, tokens in turns_with_prompts(target, sample, ref):
                 path = _tap_file(tap_root, refs.hash, taps, ref["key"], turn) if tap_root is not None else None
                 tf = cached_teacher_forced(target, prompt, tokens, taps, path)
-                gen, ties = replay_turn(drafter, len(prompt), tokens, tf, dc, rp.near_tie)
+                gen, ties = replay_turn(drafter, prompt, tokens, tf, dc, rp.near_tie, rp.batched)
                 recs.append(replay_record(sample, turn, gen, ties, tf, target.decode(tokens), ev.save_text,
                                           round_metrics))
             store.append(recs)
