@@ -69,6 +69,17 @@ def _load(group: str | None, name: str) -> DictConfig:
     return OmegaConf.merge(*parts) if parts else raw
 
 
+@functools.cache
+def is_global(group: str, name: str) -> bool:
+    """Whether the option file is `# @package _global_`: its keys sit at the top level, not under the group."""
+    for line in _option_file(group, name).read_text().splitlines():
+        if not line.startswith("#"):
+            return False
+        if line.replace(" ", "") == "#@package_global_":
+            return True
+    return False
+
+
 def option_tree(group: str | None, name: str) -> dict:
     """The option's keys and values as plain containers, interpolations left as `${...}` strings."""
     node = _load(group, name)
@@ -92,13 +103,14 @@ def group_types(group: str) -> dict[str, frozenset[str]]:
     out: dict[str, set[str]] = {}
 
     def visit(node, path):
-        out.setdefault(path, set()).add(_tag(node))
+        if path:
+            out.setdefault(path, set()).add(_tag(node))
         if isinstance(node, dict) and path not in FREE_FORM:
             for k, v in node.items():
-                visit(v, f"{path}.{k}")
+                visit(v, f"{path}.{k}" if path else str(k))
 
     for name in options(group):
-        visit(option_tree(group, name), group)
+        visit(option_tree(group, name), "" if is_global(group, name) else group)
     for key, tag in OPTIONAL_KEYS.items():
         if key.startswith(group + "."):
             out.setdefault(key, set()).add(tag)
@@ -135,13 +147,8 @@ def schema(cfg, choices: dict | None = None) -> dict:
     tree = option_tree(None, "config")
     for group in group_names():
         name = chosen_option(cfg, group, choices)
-        if name is not None:
-            tree[group] = option_tree(group, name)
-        else:
-            merged: dict = {}
-            for o in options(group):
-                _union(merged, option_tree(group, o))
-            tree[group] = merged
+        for o in [name] if name is not None else options(group):
+            _union(tree, option_tree(group, o) if is_global(group, o) else {group: option_tree(group, o)})
     for key in OPTIONAL_KEYS:
         group, _, leaf = key.partition(".")
         if isinstance(tree.get(group), dict):
