@@ -68,27 +68,43 @@ def test_more_samples_of_the_same_run_extend_it(tmp_path):
         ResultStore(tmp_path, SETTINGS, GSM[:3])                      # leaves recorded samples out
 
 
-@pytest.mark.parametrize("base, other", [
-    ([], ["eval.max_new_tokens=7"]), ([], ["decoding=sample_b"]), ([], ["seed=1"]), ([], ["drafter.block_size=8"]),
-    ([], ["drafter.init=auto"]), ([], ["eval.run_ar=false"]), ([], ["eval.check_lossless=false"]),
-    ([], ["eval.save_text=false"]), ([], ["target.num_layers=2"]), ([], ["cpu_threads=1"]),
-    (["drafter=dels_rnn"], ["drafter=dels_rnn", "fusion.alpha=0.5"]),
+@pytest.mark.parametrize("base, other, named", [
+    ([], ["eval.max_new_tokens=7"], "eval.max_new_tokens: recorded 64, now 7"),
+    ([], ["decoding=sample_b"], "decoding.protocol: recorded 'greedy', now 'B'"),
+    ([], ["seed=1"], "seed: recorded 0, now 1"), ([], ["drafter.block_size=8"], "drafter.block_size"),
+    ([], ["drafter.init=auto"], "drafter.init: recorded 'random', now 'auto'"),
+    ([], ["eval.run_ar=false"], "eval.run_ar"),
+    ([], ["eval.check_lossless=false"], "eval.check_lossless"), ([], ["eval.save_text=false"], "eval.save_text"),
+    ([], ["target.num_layers=2"], "target.num_layers"), ([], ["cpu_threads=1"], "cpu_threads: recorded None, now 1"),
+    (["drafter=dels_rnn"], ["drafter=dels_rnn", "fusion.alpha=0.5"], "drafter.fusion.alpha: recorded 0.3, now 0.5"),
 ])
-def test_a_different_setting_is_refused_and_nothing_changes(tmp_path, base, other):
+def test_a_different_setting_is_refused_and_nothing_changes(tmp_path, base, other, named):
     cpu = torch.device("cpu")
     settings = evaluator.run_settings(make_cfg([*TINY, *base]), cpu)
     before = finished_dir(tmp_path, settings=settings)
-    with pytest.raises(UserError, match="holds results of a different run"):
+    with pytest.raises(UserError, match="holds results of a different run") as e:
         ResultStore(tmp_path, evaluator.run_settings(make_cfg([*TINY, *other]), cpu), GSM[:2])
+    assert named in str(e.value)
     assert snapshot(tmp_path) == before
     with ResultStore(tmp_path, settings, GSM[:2]) as store:                          # and still resumable
         assert len(store.done()) == 2
 
 
+def test_a_checkpoint_retrained_in_place_is_a_different_run(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"weights v1")
+    cfg = make_cfg([*TINY, "drafter.init=checkpoint", f"drafter.checkpoint={ckpt}"])
+    finished_dir(tmp_path / "run", settings=evaluator.run_settings(cfg, torch.device("cpu")))
+    (ckpt / "model.safetensors").write_bytes(b"weights v2")
+    with pytest.raises(UserError, match=r"checkpoint_content\.drafter\.checkpoint: recorded '[0-9a-f]{16}', now"):
+        ResultStore(tmp_path / "run", evaluator.run_settings(cfg, torch.device("cpu")), GSM[:2])
+
+
 def test_a_run_on_another_device_is_a_different_run(tmp_path):
     cfg = make_cfg(TINY)
     finished_dir(tmp_path, settings=evaluator.run_settings(cfg, torch.device("cpu")))
-    with pytest.raises(UserError, match=r"\(device differ\)"):
+    with pytest.raises(UserError, match=r"\(device: recorded 'cpu', now 'cuda'\)"):
         ResultStore(tmp_path, evaluator.run_settings(cfg, torch.device("cuda")), GSM[:2])
 
 

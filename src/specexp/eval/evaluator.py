@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import zlib
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from ..report.tables import summary_markdown
 from ..targets import resolve_device
 from ..tracking import make_logger, run_info, write_json, write_text_atomic
 from . import metrics
-from .store import ResultStore
+from .store import ResultStore, content_digest
 
 
 def decode_config(decoding, ev, target) -> DecodeConfig:
@@ -143,13 +144,26 @@ def run_settings(cfg, device) -> dict:
     Not here: benchmark names, source, data_dir, num_samples and shuffle_seed, which only select samples (the
     store compares the selected samples and their prompt text instead), and progress/logger/warmup."""
     container = OmegaConf.to_container
+    drafter = container(cfg.drafter, resolve=True)
     return {
         "target": {k: v for k, v in container(cfg.target, resolve=True).items() if k != "cache_dir"},
-        "drafter": container(cfg.drafter, resolve=True),
+        "drafter": drafter, "checkpoint_content": checkpoint_digests(drafter),
         "decoding": container(cfg.decoding, resolve=True),
         "eval": {k: cfg.eval.get(k) for k in ("max_new_tokens", "run_ar", "check_lossless", "save_text")},
         "seed": cfg.seed, "device": device.type, "cpu_threads": cfg.get("cpu_threads"),
     }
+
+
+def checkpoint_digests(node: dict, prefix: str = "drafter") -> dict[str, str]:
+    """{dotted key: content digest} of every `*checkpoint` setting that names a local file or directory (a hub id
+    is pinned by its name alone)."""
+    out = {}
+    for k, v in node.items():
+        if isinstance(v, dict):
+            out.update(checkpoint_digests(v, f"{prefix}.{k}"))
+        elif str(k).endswith("checkpoint") and isinstance(v, str) and os.path.exists(os.path.expanduser(v)):
+            out[f"{prefix}.{k}"] = content_digest(os.path.expanduser(v))
+    return out
 
 
 def run_eval(cfg, out_dir: Path) -> dict:

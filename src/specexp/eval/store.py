@@ -40,6 +40,18 @@ def prompt_digest(sample) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def content_digest(path: str | os.PathLike) -> str:
+    """Digest of a file, or of every file under a directory (relative names and bytes): a checkpoint retrained in
+    place is a different run even though its path is the same."""
+    root = Path(path)
+    h = hashlib.sha256()
+    for f in sorted(p for p in ([root] if root.is_file() else root.rglob("*")) if p.is_file()):
+        h.update(f"{f.relative_to(root) if f != root else f.name}\0{f.stat().st_size}\0".encode())
+        with f.open("rb") as fh:
+            h.update(hashlib.file_digest(fh, "sha256").digest())
+    return h.hexdigest()[:16]
+
+
 def sample_plan(samples) -> dict[str, dict[str, str]]:
     """{benchmark: {id: prompt digest}}, the `samples` entry of run.json."""
     plan: dict[str, dict[str, str]] = {}
@@ -57,10 +69,19 @@ def _flat(d, prefix="") -> dict:
     return out
 
 
-def settings_diff(recorded: dict, wanted: dict) -> list[str]:
-    """Dotted keys whose values differ (`drafter.init`, `decoding.temperature`, ...)."""
+def settings_diff(recorded: dict, wanted: dict) -> str | None:
+    """The settings that differ, as dotted keys with both values (`seed: recorded 0, now 1`), or None."""
     a, b = _flat(recorded), _flat(wanted)
-    return sorted(k for k in a.keys() | b.keys() if a.get(k, "<unset>") != b.get(k, "<unset>"))
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k, "<unset>") != b.get(k, "<unset>"))
+    if not keys:
+        return None
+
+    def show(v):
+        text = "unset" if v == "<unset>" else repr(v)
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    parts = [f"{k}: recorded {show(a.get(k, '<unset>'))}, now {show(b.get(k, '<unset>'))}" for k in keys[:3]]
+    return "; ".join(parts) + (f"; and {len(keys) - 3} more" if len(keys) > 3 else "")
 
 
 def samples_diff(recorded: dict, wanted: dict, keys: set[tuple[str, str]]) -> str | None:
@@ -68,18 +89,17 @@ def samples_diff(recorded: dict, wanted: dict, keys: set[tuple[str, str]]) -> st
     or None when every one of them is in it with the prompt `recorded` (the old plan) names."""
     benches = {b for b, _ in keys}
     if not benches <= set(wanted):
-        return (f"benchmarks recorded: {', '.join(sorted(benches))}; this run: {', '.join(sorted(wanted))} "
-                f"(benchmark=...)")
+        return f"benchmarks recorded: {', '.join(sorted(benches))}; this run: {', '.join(sorted(wanted))}"
     for bench in sorted(benches):
         ids = sorted(i for b, i in keys if b == bench)
         missing = [i for i in ids if i not in wanted[bench]]
         if missing:
             return (f"{len(missing)} of the {len(ids)} recorded {bench} samples are not in this run's selection, "
-                    f"e.g. {missing[0]!r} (eval.num_samples / eval.shuffle_seed / benchmark.source)")
+                    f"e.g. {missing[0]!r}: a smaller eval.num_samples, another eval.shuffle_seed or benchmark.source")
         changed = [i for i in ids if recorded.get(bench, {}).get(i) != wanted[bench][i]]
         if changed:
-            return (f"the prompt of {len(changed)} recorded {bench} sample(s) differs, e.g. {changed[0]!r} "
-                    f"(benchmark.data_dir / benchmark.source content)")
+            return (f"the prompt of {len(changed)} recorded {bench} sample(s) differs, e.g. {changed[0]!r}: the "
+                    f"benchmark file changed")
     return None
 
 
@@ -157,7 +177,7 @@ class ResultStore:
             return f"{RUN} is of an older format"
         diff = settings_diff(old.get("settings", {}), wanted["settings"])
         if diff:
-            return f"{', '.join(diff)} differ"
+            return diff
         if ("samples" in old) != ("samples" in wanted):
             return "one of them records its samples and the other does not"
         return samples_diff(old["samples"], wanted["samples"], keys) if "samples" in wanted else None
