@@ -146,7 +146,7 @@ CASES = [
      "model.safetensors.index.json is not valid JSON"),
     ("dflash_no_weight_map", [*CKPT, "drafter.checkpoint=BAD/dflash_no_weight_map"],
      "model.safetensors.index.json needs a non-empty 'weight_map'"),
-    ("prompt_alone_too_long", [*SMALL, "target.max_context=40"], "tokens) fills the target context of 40"),
+    ("prompt_alone_too_long", [*SMALL, "target.max_context=40"], "tokens, + 15 drafts) exceeds the target context of 40; no eval.max_new_tokens fits"),
 ]
 
 

@@ -73,6 +73,8 @@ def _record(sample, turn: int, prompt_len: int, spec: Generation, ar: Generation
 
 def check_fits(target, sample_id: str, turn: int, prompt_len: int, dc: DecodeConfig, k: int) -> None:
     """The prompt, the new tokens and one block of drafts must fit in the target's context."""
+    check(prompt_len + k + 2 <= target.max_context, f"sample {sample_id} turn {turn}: the prompt alone ({prompt_len} "
+          f"tokens, + {k} drafts) exceeds the target context of {target.max_context}; no eval.max_new_tokens fits")
     check(prompt_len + dc.max_new_tokens + k + 1 <= target.max_context,
           f"sample {sample_id} turn {turn}: prompt of {prompt_len} tokens + eval.max_new_tokens="
           f"{dc.max_new_tokens} exceeds the target context of {target.max_context}; lower eval.max_new_tokens")
