@@ -146,7 +146,7 @@ def replay_record(sample, turn: int, gen: Generation, ties: list[int], tf: dict,
         "tau": metrics.turn_tau(gen.accept_lengths), "stop_reason": gen.stop_reason,
         "text_sha256": hashlib.sha256(text.encode()).hexdigest(), "lossless": None, "tokens": ref,
         "near_tie_rounds": ties,
-        "tf_argmax_mismatches": int((tf["argmax"][1:] != torch.tensor(ref[1:], dtype=torch.long)).sum()),
+        "tf_argmax_mismatches": int((tf["argmax"] != torch.tensor(ref, dtype=torch.long)).sum()),
     }
     if gen.rounds and round_metrics is not None:
         rec.update(round_metrics.turn(gen.rounds, True))
@@ -211,7 +211,7 @@ def run_replay(cfg, out_dir) -> dict:
         "mode": "replay", "references": refs.hash,
         "target": {k: v for k, v in OmegaConf.to_container(cfg.target, resolve=True).items() if k != "cache_dir"},
         "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
-        "max_new_tokens": ev.max_new_tokens, "near_tie": rp.near_tie, "save_text": ev.save_text,
+        "max_new_tokens": ev.max_new_tokens, "near_tie": rp.near_tie, "batched": rp.batched, "save_text": ev.save_text,
     }
     taps = drafter.tap_layers if drafter is not None else ()
     tap_root = Path(os.path.expanduser(str(rp.tap_cache_dir))) if rp.tap_cache else None
