@@ -96,6 +96,8 @@ def test_a_checkpoint_retrained_in_place_is_a_different_run(tmp_path):
     (ckpt / "model.safetensors").write_bytes(b"weights v1")
     cfg = make_cfg([*TINY, "drafter.init=checkpoint", f"drafter.checkpoint={ckpt}"])
     finished_dir(tmp_path / "run", settings=evaluator.run_settings(cfg, torch.device("cpu")))
+    (ckpt / "README.md").write_text("a new card")                        # documentation only: the same run
+    ResultStore(tmp_path / "run", evaluator.run_settings(cfg, torch.device("cpu")), GSM[:2]).close()
     (ckpt / "model.safetensors").write_bytes(b"weights v2")
     with pytest.raises(UserError, match=r"checkpoint_content\.drafter\.checkpoint: recorded '[0-9a-f]{16}', now"):
         ResultStore(tmp_path / "run", evaluator.run_settings(cfg, torch.device("cpu")), GSM[:2])

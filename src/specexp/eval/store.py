@@ -40,12 +40,17 @@ def prompt_digest(sample) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _is_doc(p: Path) -> bool:
+    return p.name.startswith(".") or p.suffix == ".md" or p.name == "card.json"
+
+
 def content_digest(path: str | os.PathLike) -> str:
-    """Digest of a file, or of every file under a directory (relative names and bytes): a checkpoint retrained in
-    place is a different run even though its path is the same."""
+    """Digest of a file, or of the files under a directory (relative names and bytes; the card, READMEs and hidden
+    files left out): a checkpoint retrained in place is a different run even though its path is the same."""
     root = Path(path)
     h = hashlib.sha256()
-    for f in sorted(p for p in ([root] if root.is_file() else root.rglob("*")) if p.is_file()):
+    files = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file() and not _is_doc(p)]
+    for f in sorted(files):
         h.update(f"{f.relative_to(root) if f != root else f.name}\0{f.stat().st_size}\0".encode())
         with f.open("rb") as fh:
             h.update(hashlib.file_digest(fh, "sha256").digest())
@@ -130,7 +135,7 @@ class ResultStore:
 
     `settings`: every setting that changes a result (JSON-able). `samples`: the run's benchmark samples (the
     prompts are hashed into run.json, and a multi-turn sample counts as done only with all its turns); without
-    them the recorded settings must match exactly and any record marks its sample done.
+    them the recorded settings must match exactly and a sample is done when its recorded turns have no gap.
     Holds `dir/.lock` until `close()` (also a context manager; the OS drops the lock if the process dies).
     """
 
