@@ -104,3 +104,49 @@ def chi2_pvalue_against_toy(target_table: torch.Tensor, temperature: float, coun
         probs[seq] = pr
     keys = sorted(probs)
     return chisquare([counts.get(s, 0) for s in keys], [probs[s] * n_runs for s in keys]).pvalue
+
+
+def micro_target(vocab: int = 5, hidden: int = 16, layers: int = 2, std: float = 0.6, seed: int = 0):
+    """A real (HF Qwen3) target over a vocabulary of `vocab` tokens: every registry drafter builds on it as on
+    any target (random init), and its exact sequence distribution can be enumerated for distribution tests.
+    The last id doubles as the DFlash mask token (an input-only id); no tokenizer, no stop tokens."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from specexp.targets import Target
+
+    config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=hidden // 2,
+                         max_position_embeddings=256, rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+                         rms_norm_eps=1e-6, tie_word_embeddings=False, initializer_range=std, bos_token_id=None,
+                         eos_token_id=None, pad_token_id=None)
+    config._attn_implementation = "sdpa"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config).eval().requires_grad_(False)
+    return Target("micro", model, None, vocab - 1, [], source=f"random-init seed {seed}")
+
+
+def exact_sequence_probs(target, prompt: list[int], steps: int, temperature: float) -> dict:
+    """P(first `steps` generated tokens) under `target` sampled at `temperature`, by enumeration."""
+    import itertools
+
+    v, probs = target.vocab_size, {}
+    with torch.inference_mode():
+        for seq in itertools.product(range(v), repeat=steps):
+            ids = torch.tensor([prompt + list(seq[:-1])])
+            logits, _ = target.forward(ids, 0, target.new_cache())                        # [1, P+steps-1, V]
+            p = torch.softmax(logits[0, len(prompt) - 1:].double() / temperature, -1)     # [steps, V]
+            probs[seq] = float(torch.prod(p[torch.arange(steps), torch.tensor(seq)]))
+    return probs
+
+
+def chi2_pvalue(probs: dict, counts: dict, n_runs: int, min_expected: float = 5.0) -> float:
+    """χ² goodness of fit of observed counts against exact probabilities; bins expecting fewer than
+    `min_expected` draws are pooled into one, so the χ² approximation holds."""
+    from scipy.stats import chisquare
+
+    big = [s for s in probs if probs[s] * n_runs >= min_expected]
+    small = [s for s in probs if probs[s] * n_runs < min_expected]
+    obs = [counts.get(s, 0) for s in big] + ([sum(counts.get(s, 0) for s in small)] if small else [])
+    exp = [probs[s] * n_runs for s in big] + ([sum(probs[s] for s in small) * n_runs] if small else [])
+    return chisquare(obs, exp).pvalue

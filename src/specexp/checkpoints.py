@@ -43,7 +43,8 @@ def read_config(path: str | os.PathLike, where: str) -> dict:
     return raw
 
 
-def _shards(path: Path, where: str) -> list[str]:
+def shards(path: Path, where: str) -> list[str]:
+    """The weight files of a checkpoint directory: the single file, or the shards its index names (validated)."""
     index = path / INDEX_FILE
     if not index.exists():
         check((path / WEIGHTS_FILE).exists(), f"{where}: no {WEIGHTS_FILE} (nor {INDEX_FILE})")
@@ -55,10 +56,10 @@ def _shards(path: Path, where: str) -> list[str]:
     wmap = raw.get("weight_map") if isinstance(raw, dict) else None
     check(isinstance(wmap, dict) and bool(wmap) and all(isinstance(v, str) for v in wmap.values()),
           f"{where}: {INDEX_FILE} needs a non-empty 'weight_map' object of tensor name -> shard file")
-    shards = sorted(set(wmap.values()))
-    for s in shards:
-        check(Path(s).name == s and (path / s).is_file(), f"{where}: {INDEX_FILE} names shard {s!r}, which is absent")
-    return shards
+    files = sorted(set(wmap.values()))
+    for f in files:
+        check(Path(f).name == f and (path / f).is_file(), f"{where}: {INDEX_FILE} names shard {f!r}, which is absent")
+    return files
 
 
 def load_state(path: str | os.PathLike, expected: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
@@ -68,7 +69,7 @@ def load_state(path: str | os.PathLike, expected: dict[str, torch.Tensor], where
 
     path = Path(path)
     state: dict[str, torch.Tensor] = {}
-    for shard in _shards(path, where):
+    for shard in shards(path, where):
         try:
             state.update(load_file(path / shard))
         except Exception as e:                         # a torn or foreign file: safetensors raises many types

@@ -276,7 +276,7 @@ def check_hf_dir(path: Path, where: str) -> None:
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from .checkpoints import INDEX_FILE, WEIGHTS_FILE, _shards
+    from .checkpoints import INDEX_FILE, WEIGHTS_FILE, shards
 
     check((path / "config.json").is_file(), f"{where}: no config.json (not an HF model directory)")
     try:
@@ -289,7 +289,7 @@ def check_hf_dir(path: Path, where: str) -> None:
                            f"loaded (unpickling can run code): convert it to {WEIGHTS_FILE}")
         raise UserError(f"{where}: no {WEIGHTS_FILE} (nor {INDEX_FILE}): the weights are missing")
     shapes: dict[str, list[int]] = {}
-    for shard in _shards(path, where):
+    for shard in shards(path, where):
         try:
             with safe_open(path / shard, framework="pt") as f:
                 shapes.update({k: list(f.get_slice(k).get_shape()) for k in f.keys()})

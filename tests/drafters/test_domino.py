@@ -11,7 +11,7 @@ from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters import domino
 from specexp.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashDraftModel, init_weights
 from specexp.training.domino_module import DominoLitModule
-from specexp.training.tasks import lightning_fit
+from specexp.training.pipeline import lightning_fit
 
 
 @pytest.mark.parametrize("alignment", ["unshifted", "shifted"])
@@ -28,7 +28,7 @@ def test_trained_head_reproduces_its_sequence_under_both_alignments(cfg_factory,
     module = DominoLitModule(head, bb, t, num_anchors=16, gamma=7.0, lambda_start=0.0, lambda_decay_ratio=0.5,
                              lr=1e-2, warmup_ratio=0.04, weight_decay=0.0, attention="dense", seed=0)
     cfg = cfg_factory("train=smoke", "train.max_steps=120", "train.epochs=1000", "train.ckpt_every=1000")
-    lightning_fit(cfg, module, [{"ids": ids, "loss_mask": lm}], tmp_path, t.device)
+    lightning_fit(cfg.train, None, module, [{"ids": ids, "loss_mask": lm}], tmp_path, t.device)
     drafter = domino.DominoDrafter(DFlashDrafter(bb, t), head, t.embed_tokens.weight, 1.0, "torch", False)
     K = drafter.max_drafts
     assert K == (5 if alignment == "unshifted" else 6)

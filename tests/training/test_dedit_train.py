@@ -9,7 +9,7 @@ import torch
 
 from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
 from specexp.training.dedit_module import DEditLitModule
-from specexp.training.tasks import run_train
+from specexp.training.pipeline import run_train
 
 
 def _module(t, mix, **kw):
@@ -39,7 +39,7 @@ def test_train_task_end_to_end(cfg_factory, tmp_path, monkeypatch):
                       "train.eval_after=true", "benchmark=gsm8k", "eval.num_samples=1", "eval.max_new_tokens=16",
                       f"train.export_dir={tmp_path / 'dedit'}")
     card = run_train(cfg, tmp_path / "run")
-    assert card["steps"] == 30 and card["kind"] == "dedit" and card["edit"]["mix"] == "confidence_threshold"
+    assert card["steps"] == 30 and card["kind"] == "dedit" and card["facts"]["edit"]["mix"] == "confidence_threshold"
     rows = list(csv.DictReader(open(next((tmp_path / "cache").rglob("metrics.csv")))))
     mean = lambda key, rs: sum(float(r[key]) for r in rs) / len(rs)  # noqa: E731
     assert mean("train/loss0", rows[-5:]) < mean("train/loss0", rows[:5]) - 0.5        # the unmasking objective
@@ -51,8 +51,8 @@ def test_train_task_end_to_end(cfg_factory, tmp_path, monkeypatch):
     assert summary["drafter"] == "dedit" and b["lossless_mismatches"] == 0
     assert b["edits"]["rounds"] > 0 and sum(b["edits"]["rounds_by_passes"].values()) == b["edits"]["rounds"]
     # the causal editor is a different training stage (its mask is part of the recipe)
-    from specexp.training.tasks import edit_recipe
+    from specexp.training.dedit_module import edit_recipe
 
-    assert edit_recipe(cfg_factory("drafter=dedit", "drafter.edit.editor=causal"))["editor"] == "causal"
+    assert edit_recipe(cfg_factory("drafter=dedit", "drafter.edit.editor=causal").drafter)["editor"] == "causal"
     with pytest.raises(Exception, match="drafter.train_edit.mix"):
-        edit_recipe(cfg_factory("drafter=dedit", "drafter.train_edit.mix=sometimes"))
+        edit_recipe(cfg_factory("drafter=dedit", "drafter.train_edit.mix=sometimes").drafter)

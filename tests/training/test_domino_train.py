@@ -7,7 +7,7 @@ import pytest
 from specexp.drafters import domino
 from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
 from specexp.training.domino_module import lambda_at
-from specexp.training.tasks import run_train
+from specexp.training.pipeline import run_train
 
 
 def test_lambda_schedule():
@@ -28,7 +28,7 @@ def test_train_task_writes_head_and_evaluates(cfg_factory, tiny_target, tmp_path
                       f"train.export_dir={tmp_path / 'head'}")
     card = run_train(cfg, tmp_path / "run")
     assert card["steps"] == 4 and card["trainable_params"] > 0 and card["peak_memory_mb"] > 0
-    assert card["train_seconds"] > 0 and card["head"]["alignment"] == "unshifted"
+    assert card["train_seconds"] > 0 and card["facts"]["head"]["alignment"] == "unshifted"
     out = tmp_path / "head"
     assert {"config.json", "model.safetensors", "card.json"} <= {p.name for p in out.iterdir()}
     assert domino.load_head(out, "x").config.gru_hidden == 64

@@ -9,7 +9,7 @@ import torch
 from specexp.drafters import dels
 from specexp.training import data as D
 from specexp.training.local_heads import LocalHeadLitModule, count_assistant_tokens, run_prior
-from specexp.training.tasks import lightning_fit, run_train
+from specexp.training.pipeline import lightning_fit, run_train
 
 
 def test_prior_matches_hand_counts(tmp_path):
@@ -41,7 +41,7 @@ def test_head_memorises_a_sequence_through_the_inference_path(cfg_factory, tiny_
     module = LocalHeadLitModule(head, t, block_size=8, num_anchors=12, gamma=7.0, lr=2e-2, warmup_ratio=0.04,
                                 weight_decay=0.0, seed=0)
     cfg = cfg_factory("train=smoke", "train.max_steps=90", "train.epochs=1000", "train.ckpt_every=1000")
-    trainer, _, _ = lightning_fit(cfg, module, [{"ids": ids, "loss_mask": lm}], tmp_path, t.device)
+    trainer, _, _ = lightning_fit(cfg.train, None, module, [{"ids": ids, "loss_mask": lm}], tmp_path, t.device)
     assert trainer.global_step == 90
     merged = dels.MergedHead(head, t.embed_tokens.weight, t.lm_head.weight, torch.float32, "cpu")
     hits = total = 0
@@ -75,7 +75,7 @@ def test_train_task_writes_head_and_prior_and_evaluates(cfg_factory, tmp_path, m
                       "drafter.head.gru_hidden=64", "train.eval_after=true", "benchmark=gsm8k",
                       "eval.num_samples=1", "eval.max_new_tokens=12", f"train.export_dir={tmp_path / 'head'}")
     card = run_train(cfg, tmp_path / "run")
-    assert card["steps"] == 4 and card["block_size"] == 16 and card["trainable_params"] > 0
+    assert card["steps"] == 4 and card["facts"]["recipe"]["block_size"] == 16 and card["trainable_params"] > 0
     out = tmp_path / "head"
     assert {"config.json", "model.safetensors", "log_prior.safetensors", "card.json", "README.md"} <= {
         p.name for p in out.iterdir()}
@@ -96,7 +96,7 @@ def test_learned_fusion_weights_train_and_load(cfg_factory, tiny_target, tmp_pat
     their init, and fusion=learned reads them back into a lossless drafter."""
     from specexp import registry
     from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
-    from specexp.training.local_heads import FusionWeightsLitModule, run_train_fusion_weights
+    from specexp.training.local_heads import FusionWeightsLitModule
 
     t = tiny_target
     monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path / "cache"))
@@ -110,12 +110,13 @@ def test_learned_fusion_weights_train_and_load(cfg_factory, tiny_target, tmp_pat
     cfg = cfg_factory("task=train", *parts, "drafter.head.train.part=fusion_weights", "train=smoke", "data=smoke",
                       f"paths.cache={tmp_path / 'cache'}", "drafter.head.train.epochs=5", "train.lr=0.05",
                       "drafter.head.train.num_anchors=8", f"train.export_dir={tmp_path / 'head'}")
-    w = run_train_fusion_weights(cfg, tmp_path / "run")
-    assert len(w["alpha"]) == len(w["beta"]) == 6 and w["steps"] == 20
+    card = run_train(cfg, tmp_path / "run")
+    w = json.loads((tmp_path / "head" / "fusion_weights.json").read_text())
+    assert len(w["alpha"]) == len(w["beta"]) == 6 and card["steps"] == 20
     assert max(abs(a - 0.3) for a in w["alpha"] + w["beta"]) > 0.05
-    from specexp.training.tasks import prepare_sequences
+    from specexp.training.pipeline import context
 
-    seqs, _ = prepare_sequences(cfg, t)
+    seqs = context(cfg).seqs
     head, lp = dels.load_head(tmp_path / "head", "h"), dels.load_prior(tmp_path / "head", t.vocab_size, 1.0, "p")
     losses = []
     for a, b in ((0.3, 0.3), (w["alpha"], w["beta"])):

@@ -8,7 +8,8 @@ import torch
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters.dflash import DFlashDrafter, DFlashDraftModel, init_weights
 from specexp.training import data as D
-from specexp.training import tasks
+from specexp.training import pipeline
+from specexp.training.dflash_module import DFlashLitModule, drafter_config
 
 
 def test_memorising_one_sequence_drafts_it(cfg_factory, tiny_target, tmp_path):
@@ -18,9 +19,13 @@ def test_memorising_one_sequence_drafts_it(cfg_factory, tiny_target, tmp_path):
     seq = D.Sequence("one", torch.tensor(ids + ref.tokens), torch.tensor([0] * len(ids) + [1] * 48).bool())
     cfg = cfg_factory("task=train", "train=smoke", "drafter.block_size=8", "train.num_anchors=12",
                       "train.max_steps=300", "train.epochs=1000", "train.lr=3e-3", "train.ckpt_every=1000")
-    config, _ = tasks.drafter_config(cfg, t)
-    card = tasks.fit(cfg, t, D.OnlineSequences([seq]), config, None, tmp_path)
-    assert card["steps"] == 300 and card["final_metrics"]["train/tau_sim"] > 6
+    config, _ = drafter_config(cfg.drafter, t)
+    tc = cfg.train
+    module = DFlashLitModule(init_weights(DFlashDraftModel(config), tc.seed), t, num_anchors=tc.num_anchors, gamma=4.0,
+                             lr=tc.lr, warmup_ratio=tc.warmup_ratio, weight_decay=0.0, attention="dense", seed=tc.seed)
+    trainer, _, _ = pipeline.lightning_fit(tc, None, module, D.OnlineSequences([seq]), tmp_path, t.device)
+    assert trainer.global_step == 300 and float(trainer.logged_metrics["train/tau_sim"]) > 6
+    module.model.save_pretrained(tmp_path / "drafter")
     drafter = DFlashDrafter(DFlashDraftModel.from_pretrained(tmp_path / "drafter", dtype=torch.float32), t)
     spec = generate(t, drafter, ids, DecodeConfig(max_new_tokens=48))
     assert spec.tokens == ref.tokens                                    # still lossless
@@ -33,15 +38,17 @@ def test_smoke_training_lowers_the_loss_and_its_checkpoint_evaluates(cfg_factory
     cfg = cfg_factory("task=train", "train=smoke", "data=smoke", f"paths.cache={tmp_path / 'cache'}",
                       "train.eval_after=true", "benchmark=gsm8k", "eval.num_samples=1", "eval.max_new_tokens=12",
                       f"train.export_dir={tmp_path / 'export'}")
-    card = tasks.run_train(cfg, tmp_path / "run")
+    card = pipeline.run_train(cfg, tmp_path / "run")
     assert card["steps"] == 40
+    # the run directory names the trained drafter and links to it
+    summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
+    assert summary["checkpoint"] == str((tmp_path / "export").resolve())
+    assert (tmp_path / "run" / "checkpoint" / "model.safetensors").exists()
     # The loss on fixed blocks of the training sequences, before (the same seeded init) and after training.
     from specexp import registry
-    from specexp.training.dflash_module import DFlashLitModule
-
     target = registry.build_target(cfg.target, torch.device("cpu"))
-    seqs, _ = tasks.prepare_sequences(cfg, target)
-    config, _ = tasks.drafter_config(cfg, target)
+    seqs = pipeline.context(cfg).seqs
+    config, _ = drafter_config(cfg.drafter, target)
 
     def loss_of(model):
         m = DFlashLitModule(model.float(), target, num_anchors=8, gamma=7.0, lr=0, warmup_ratio=0, weight_decay=0,
@@ -52,7 +59,7 @@ def test_smoke_training_lowers_the_loss_and_its_checkpoint_evaluates(cfg_factory
                 for i, s in enumerate(seqs)) / len(seqs)
 
     before = loss_of(init_weights(DFlashDraftModel(config), cfg.train.seed))
-    after = loss_of(DFlashDraftModel.from_pretrained(f"{card['run_dir']}/drafter"))
+    after = loss_of(DFlashDraftModel.from_pretrained(f"{card['run_dir']}/artifact"))
     assert after < before - 1.0, (before, after)
     assert card["eval"]["benchmarks"]["gsm8k"]["tau"] >= 1.0
     assert json.loads((tmp_path / "run" / "eval" / "summary.json").read_text())["benchmarks"]["gsm8k"][
@@ -64,7 +71,7 @@ def test_smoke_training_lowers_the_loss_and_its_checkpoint_evaluates(cfg_factory
     assert exported["eval"]["benchmarks"]["gsm8k"]["tau"] == card["eval"]["benchmarks"]["gsm8k"]["tau"]
     assert "python -m specexp" in (tmp_path / "export" / "README.md").read_text()
     # A second identical run reuses every stage.
-    again = tasks.run_train(cfg, tmp_path / "run2")
+    again = pipeline.run_train(cfg, tmp_path / "run2")
     assert again["run_dir"] == card["run_dir"] and again["train_seconds"] == card["train_seconds"]
 
 
@@ -116,11 +123,11 @@ def test_interrupted_training_resumes_from_its_last_checkpoint(cfg_factory, tmp_
 
     monkeypatch.setattr(L, "Trainer", with_stop)
     with pytest.raises(Crash):
-        tasks.run_train(cfg, tmp_path / "run")
-    ckpts = list((tmp_path / "cache").glob("stages/train-*/checkpoints/last.ckpt"))
+        pipeline.run_train(cfg, tmp_path / "run")
+    ckpts = list((tmp_path / "cache").glob("stages/dflash-*/checkpoints/last.ckpt"))
     assert len(ckpts) == 1 and torch.load(ckpts[0], weights_only=True)["global_step"] == 4
     monkeypatch.setattr(L, "Trainer", real)
-    card = tasks.run_train(cfg, tmp_path / "run")
+    card = pipeline.run_train(cfg, tmp_path / "run")
     assert card["steps"] == 12
     log = (ckpts[0].parent.parent / "logs" / "version_0" / "metrics.csv").read_text()
     assert log.count("\n") > 1

@@ -233,7 +233,8 @@ class CachedFeatures(torch.utils.data.Dataset):
 
 
 class OnlineSequences(torch.utils.data.Dataset):
-    """(ids, loss_mask) per sequence; taps are computed by the frozen target inside the training step."""
+    """(ids, loss_mask) per sequence: taps, where a module needs them, are computed by the frozen target inside
+    the training step; the DeLS local heads need none."""
 
     def __init__(self, seqs: list[Sequence]):
         self.seqs = seqs
@@ -243,3 +244,4 @@ class OnlineSequences(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return {"ids": self.seqs[i].ids, "loss_mask": self.seqs[i].loss_mask}
+

@@ -21,8 +21,10 @@ import zlib
 import torch
 import torch.nn.functional as F
 
+from ..drafters.dedit import EDITORS
+from ..errors import check, one_of
 from .anchors import build_blocks, dense_mask, flex_mask, leading_correct, sample_anchors
-from .dflash_module import DFlashLitModule
+from .dflash_module import DFlashLitModule, backbone_plan
 
 MIXES = ("confidence_threshold", "confidence_sample", "plain")
 
@@ -83,3 +85,26 @@ class DEditLitModule(DFlashLitModule):
             if right_in.any():
                 m["keep"] = ok1[right_in].float().mean()
         return loss, m
+
+
+def edit_recipe(drafter) -> dict:
+    """DEdit's training options (`drafter.train_edit`, validated; the editor mask is the one it will draft with)."""
+    t = drafter.train_edit
+    one_of("drafter.train_edit.mix", t.mix, MIXES)
+    one_of("drafter.edit.editor", drafter.edit.editor, EDITORS)
+    for name in ("mix_threshold", "plain_rate"):
+        check(0.0 <= t[name] <= 1.0, f"drafter.train_edit.{name}={t[name]!r}: expected a probability in [0, 1]")
+    return {"mix": t.mix, "mix_threshold": float(t.mix_threshold), "plain_rate": float(t.plain_rate),
+            "edit_weight": float(t.edit_weight), "editor": drafter.edit.editor}
+
+
+def plan(ctx):
+    """`task=train drafter=dedit`: the DFlash loss on pass 0 plus the editing loss on ProposalMix inputs."""
+    r = edit_recipe(ctx.drafter)
+
+    def make(model, target, **common):
+        return DEditLitModule(model, target, mix=r["mix"], mix_threshold=r["mix_threshold"],
+                              plain_rate=r["plain_rate"], edit_weight=r["edit_weight"],
+                              causal=r["editor"] == "causal", **common)
+
+    return backbone_plan(ctx, "dedit", "DEdit drafter", make, extra={"edit": r})

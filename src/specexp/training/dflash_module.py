@@ -9,13 +9,23 @@ gradient clipping 1.0 (Trainer), loss = sum(w * CE) / (sum(w) + 1e-6).
 from __future__ import annotations
 
 import zlib
+from pathlib import Path
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
-from ..drafters.dflash import DFlashDraftModel
-from .anchors import adamw_cosine, build_blocks, dense_mask, flex_mask, leading_correct, sample_anchors
+from ..drafters.dflash import (
+    DFlashConfig,
+    DFlashDraftModel,
+    build_target_layer_ids,
+    check_fits,
+    init_weights,
+    resolve_checkpoint,
+)
+from .anchors import adamw_cosine, build_blocks, default_gamma, dense_mask, flex_mask, leading_correct, sample_anchors
+from .pipeline import TrainPlan
 
 
 class DFlashLitModule(L.LightningModule):
@@ -63,7 +73,8 @@ class DFlashLitModule(L.LightningModule):
         ids, lm = batch["ids"].to(self.device), batch["loss_mask"].to(self.device)
         taps = batch.get("taps")
         if taps is None:
-            _, taps = self.target.forward(ids[None], 0, self.target.new_cache(), taps=self.model.config.target_layer_ids)
+            _, taps = self.target.forward(ids[None], 0, self.target.new_cache(),
+                                          taps=self.model.config.target_layer_ids)
             taps = taps[0].clone()                 # an inference tensor cannot be saved for backward
         loss, m = self.blocks_loss(ids, lm, taps.to(self.device), self.global_step)
         if loss is None:
@@ -75,3 +86,76 @@ class DFlashLitModule(L.LightningModule):
 
     def configure_optimizers(self):
         return adamw_cosine(self.model.parameters(), self.trainer, self.lr, self.weight_decay, self.warmup_ratio)
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+RESULT_FREE_TRAIN_KEYS = ("export_dir", "export_dtype", "eval_after", "log_every", "ckpt_every")
+
+
+def train_recipe(train) -> dict:
+    """The `train` keys that change the trained weights (the stage hash); export, logging and eval do not."""
+    return {k: v for k, v in OmegaConf.to_container(train, resolve=True).items() if k not in RESULT_FREE_TRAIN_KEYS}
+
+
+def drafter_config(drafter, target) -> tuple[DFlashConfig, Path | None]:
+    """The DFlash architecture to train: a checkpoint's (fine-tuning it) or a new one sized to the target."""
+    if drafter.init == "checkpoint" or (drafter.init == "auto" and drafter.get("checkpoint")):
+        where = f"drafter.checkpoint={str(drafter.checkpoint)!r}"
+        path = resolve_checkpoint(str(drafter.checkpoint))
+        model = DFlashDraftModel.from_pretrained(path, where=where)
+        check_fits(model.config, target, where)
+        return model.config, path
+    ids = list(drafter.target_layer_ids) if drafter.get("target_layer_ids") else \
+        build_target_layer_ids(target.num_layers, drafter.num_layers)
+    return DFlashConfig.for_target(target, drafter.num_layers, drafter.block_size, ids), None
+
+
+def init_from_target(model: DFlashDraftModel, target) -> int:
+    """Copy the target's top decoder layers into the draft layers (same parameter names, same shapes)."""
+    tl = target.model.model.layers
+    copied = 0
+    for i, layer in enumerate(model.layers):
+        src = dict(tl[len(tl) - len(model.layers) + i].named_parameters())
+        for name, p in layer.named_parameters():
+            if name in src and src[name].shape == p.shape:
+                p.data.copy_(src[name].data.to(p.dtype))
+                copied += 1
+    model.norm.weight.data.copy_(target.model.model.norm.weight.data.to(model.norm.weight.dtype))
+    return copied
+
+
+def backbone_plan(ctx, kind: str, title: str, make_module, extra: dict | None = None):
+    """The DFlash-architecture plan shared by DFlash and DEdit: `make_module(model, **common)` is their
+    LightningModule; `extra` joins the stage hash and the card (e.g. DEdit's editing recipe)."""
+    tc, target = ctx.train, ctx.target
+    config, init_path = drafter_config(ctx.drafter, target)
+    gamma = tc.gamma if tc.gamma is not None else default_gamma(config.block_size)
+    common = dict(num_anchors=tc.num_anchors, gamma=gamma, lr=tc.lr, warmup_ratio=tc.warmup_ratio,
+                  weight_decay=tc.weight_decay, attention=tc.attention, seed=tc.seed)
+
+    def module():
+        if init_path is not None:
+            model = DFlashDraftModel.from_pretrained(init_path, dtype=torch.float32)
+        else:
+            model = init_weights(DFlashDraftModel(config), tc.seed)
+            if tc.init_from_target:
+                init_from_target(model, target)
+        return make_module(model.float(), target, **common)
+
+    def save(module, out: Path):
+        module.model.save_pretrained(out, dtype=getattr(torch, tc.export_dtype))     # bf16, as released drafters
+
+    c = config
+    arch = (f"{c.num_hidden_layers} layer(s), block {c.block_size}, taps {list(c.target_layer_ids)}, "
+            f"mask id {c.mask_token_id}")
+    facts = {"drafter": arch, "gamma": gamma, "init": str(init_path or "random"), **(extra or {})}
+    return TrainPlan(
+        kind=kind, title=title, facts=facts, dataset=ctx.dataset(list(config.target_layer_ids)), module=module,
+        save=save, payload={"drafter": config.to_dict(), "init": str(init_path), "train": train_recipe(tc),
+                            "features": ctx.data.features, **(extra or {})},
+        eval_overrides=lambda path: {"init": "checkpoint", "checkpoint": path})
+
+
+def plan(ctx):
+    """`task=train drafter=dflash`: a DFlash drafter on anchored blocks (the paper / SpecForge recipe)."""
+    return backbone_plan(ctx, "dflash", "DFlash drafter", DFlashLitModule)

@@ -13,12 +13,18 @@ CE(base) carries no gradient and lam only rescales the loss; it is kept for the 
 from __future__ import annotations
 
 import zlib
+from pathlib import Path
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
+from ..drafters import domino
+from ..drafters.dflash import DFlashDraftModel, resolve_checkpoint
+from ..errors import check
 from .anchors import adamw_cosine, dense_mask, flex_mask, sample_anchors
+from .pipeline import TrainPlan
 
 
 def lambda_at(step: int, total: int, start: float, decay_ratio: float) -> float:
@@ -116,70 +122,35 @@ class DominoLitModule(L.LightningModule):
         return adamw_cosine(self.head.parameters(), self.trainer, self.lr, self.weight_decay, self.warmup_ratio)
 
 
-def run_train_domino(cfg, out_dir) -> dict:
-    """`task=train drafter=domino_ft`: data -> features -> Lightning (head only, DFlash frozen) -> head (+ eval)."""
-    import json
-    import sys
-    from pathlib import Path
-
-    from omegaconf import OmegaConf
-
-    from .. import registry
-    from ..drafters import domino
-    from ..drafters.dflash import DFlashDraftModel, resolve_checkpoint
-    from ..errors import check
-    from ..targets import resolve_device
-    from ..tracking import write_json
-    from .tasks import _stage, lightning_fit, peak_memory_mb, prepare_sequences, training_dataset
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    d, tc, ht = cfg.drafter, cfg.train, cfg.drafter.head.train
+def plan(ctx) -> TrainPlan:
+    """`task=train drafter=domino_ft`: the Domino head on the frozen DFlash drafter `drafter.checkpoint`, with
+    target taps (online or from the feature cache)."""
+    d, tc, target = ctx.drafter, ctx.train, ctx.target
+    ht = d.head.train
     check(bool(d.get("checkpoint")), "task=train drafter=domino_ft trains on a frozen DFlash drafter: set "
                                      "drafter.checkpoint=DIR (a DFlash-format checkpoint)")
-    target = registry.build_target(cfg.target, resolve_device(cfg.device))
     bpath = resolve_checkpoint(str(d.checkpoint))
     backbone = DFlashDraftModel.from_pretrained(bpath, dtype=target.dtype, device=target.device)
-    seqs, data_hash = prepare_sequences(cfg, target)
-    dataset = training_dataset(cfg, target, list(backbone.config.target_layer_ids), seqs, data_hash)
     c = domino.DominoConfig(target.hidden_size, target.vocab_size, d.head.gru_hidden, d.head.emb_dim, d.head.alignment)
     recipe = {**OmegaConf.to_container(ht, resolve=True),
               **{k: tc[k] for k in ("lr", "warmup_ratio", "weight_decay", "max_steps", "accumulate", "seed")}}
-    run_dir = _stage(cfg, "domino", {"data": data_hash, "backbone": str(bpath), "head": c.to_dict(), "recipe": recipe,
-                                     "features": cfg.data.features})
-    run_dir.mkdir(parents=True, exist_ok=True)
-    head_dir = run_dir / "head"
-    if (run_dir / "train.json").exists() and (head_dir / domino.WEIGHTS_FILE).exists():
-        card = json.loads((run_dir / "train.json").read_text())
-    else:
+
+    def module():
         with torch.random.fork_rng():
             torch.manual_seed(tc.seed)
             head = domino.DominoHead(c)
-        module = DominoLitModule(head.float(), backbone, target, num_anchors=ht.num_anchors, gamma=ht.gamma,
-                                 lambda_start=ht.lambda_start, lambda_decay_ratio=ht.lambda_decay_ratio, lr=tc.lr,
-                                 warmup_ratio=tc.warmup_ratio, weight_decay=tc.weight_decay, attention=tc.attention,
-                                 seed=tc.seed)
-        trainer, seconds, precision = lightning_fit(OmegaConf.merge(cfg, {"train": {"epochs": ht.epochs}}), module,
-                                                    dataset, run_dir, target.device)
-        domino.save_head(head, head_dir, dtype=getattr(torch, tc.export_dtype))
-        card = {"steps": trainer.global_step, "train_seconds": seconds, "peak_memory_mb": peak_memory_mb(target.device),
-                "final_metrics": {k: float(v) for k, v in trainer.logged_metrics.items()}, "precision": precision,
-                "trainable_params": sum(p.numel() for p in head.parameters())}
-        write_json(run_dir / "train.json", card)
-    card = {**card, "command": "python -m specexp " + " ".join(sys.argv[1:]), "data_hash": data_hash,
-            "sequences": len(seqs), "target": target.name, "target_source": target.source, "head": c.to_dict(),
-            "backbone": str(bpath), "recipe": recipe, "run_dir": str(run_dir)}
-    final = head_dir
-    if tc.export_dir:
-        final = Path(tc.export_dir)
-        domino.save_head(domino.load_head(head_dir, str(head_dir)), final, dtype=getattr(torch, tc.export_dtype))
-    if tc.eval_after:
-        from ..eval.evaluator import run_eval
+        return DominoLitModule(head.float(), backbone, target, num_anchors=ht.num_anchors, gamma=ht.gamma,
+                               lambda_start=ht.lambda_start, lambda_decay_ratio=ht.lambda_decay_ratio, lr=tc.lr,
+                               warmup_ratio=tc.warmup_ratio, weight_decay=tc.weight_decay, attention=tc.attention,
+                               seed=tc.seed)
 
-        summary = run_eval(OmegaConf.merge(cfg, {"drafter": {"head": {"init": "checkpoint", "checkpoint": str(final)}}}),
-                           out_dir / "eval")
-        card["eval"] = {"benchmarks": {k: {"tau": v["tau"], "speedup": v["speedup"]}
-                                       for k, v in summary["benchmarks"].items()}, "macro": summary["macro"]}
-    write_json(final / "card.json", card)
-    write_json(out_dir / "train_summary.json", card)
-    return card
+    def save(module, out: Path):
+        domino.save_head(module.head, out, dtype=getattr(torch, tc.export_dtype))
+
+    return TrainPlan(
+        kind="domino_ft", title="Domino-FT head", dataset=ctx.dataset(list(backbone.config.target_layer_ids)),
+        module=module, save=save, epochs=ht.epochs,
+        payload={"backbone": str(bpath), "head": c.to_dict(), "recipe": recipe, "features": ctx.data.features},
+        facts={"head": {k: v for k, v in c.to_dict().items() if k != "architecture"}, "backbone": str(bpath),
+               "recipe": recipe},
+        eval_overrides=lambda path: {"head": {"init": "checkpoint", "checkpoint": path}})

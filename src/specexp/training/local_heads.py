@@ -9,7 +9,6 @@ The target's embedding and lm_head are shared and frozen (not in the module's st
 """
 from __future__ import annotations
 
-import json
 import sys
 import zlib
 from pathlib import Path
@@ -19,12 +18,13 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from .. import registry
 from ..drafters import dels
-from ..errors import check
-from ..targets import resolve_device
+from ..drafters.dflash import DFlashDraftModel, resolve_checkpoint
+from ..errors import check, one_of
 from ..tracking import write_json
 from .anchors import adamw_cosine, sample_anchors
+from .dflash_module import drafter_config
+from .pipeline import TrainPlan, context, target_fingerprint
 
 
 class LocalHeadLitModule(L.LightningModule):
@@ -94,131 +94,65 @@ def count_assistant_tokens(seqs, vocab_size: int) -> torch.Tensor:
     return torch.bincount(ids, minlength=vocab_size)
 
 
-def head_block_size(cfg, target) -> int:
+def head_block_size(drafter, target) -> int:
     """The head's training block: `drafter.head.train.block_size`, else the DFlash backbone's."""
-    if cfg.drafter.head.train.block_size:
-        return int(cfg.drafter.head.train.block_size)
-    from .tasks import drafter_config
-
-    return drafter_config(cfg, target)[0].block_size
+    if drafter.head.train.block_size:
+        return int(drafter.head.train.block_size)
+    return drafter_config(drafter, target)[0].block_size
 
 
-def card_markdown(card: dict) -> str:
-    fm = card.get("final_metrics", {})
-    lines = [f"# DeLS-Spec {card['head']['kind']} local head for {card['target']} ({card['target_source']})", "",
-             f"Produced by: `{card['command']}` (specexp; stage `{Path(card['run_dir']).name}`).", "",
-             f"- data: {card['sequences']} sequences, {card['response_tokens']} response tokens, hash `{card['data_hash']}`",
-             f"- head: {json.dumps({k: v for k, v in card['head'].items() if k != 'architecture'})}, "
-             f"{card['trainable_params']:,} trainable parameters",
-             f"- training: {card['steps']} steps in {card['train_seconds']:.0f} s, peak memory "
-             f"{card['peak_memory_mb']:.0f} MiB, precision {card['precision']}, block {card['block_size']}, "
-             f"gamma {card['gamma']}",
-             f"- final train loss {fm.get('train/loss', float('nan')):.3f}, accuracy {fm.get('train/acc', float('nan')):.3f}",
-             f"- prior: {PRIOR_NOTE}"]
-    if "eval" in card:
-        e = card["eval"]
-        lines += ["", f"Measured with fusion alpha={e['alpha']}, beta={e['beta']} (greedy, {e['max_new_tokens']} new "
-                      f"tokens; τ includes the bonus token):", "", "| benchmark | τ | speedup |", "|---|---:|---:|"]
-        for name, b in e["benchmarks"].items():
-            sp = "–" if b["speedup"] is None else f"{b['speedup']:.2f}×"
-            lines.append(f"| {name} | {b['tau']:.2f} | {sp} |")
-    return "\n".join(lines) + "\n"
-
-
-PRIOR_NOTE = (f"`{dels.PRIOR_FILE}` = counts of the assistant tokens of the same training sequences and their "
+PRIOR_NOTE = (f"`{dels.PRIOR_FILE}`: counts of the assistant tokens of the same training sequences and their "
               "Laplace-smoothed natural log prior over the full vocabulary")
 
 
-def run_train_head(cfg, out_dir) -> dict:
-    """`task=train drafter=dels_rnn|dels_markov`: sequences -> Lightning -> head + prior (+ export, + eval)."""
-    part = cfg.drafter.head.train.part
-    if part == "fusion_weights":
-        return run_train_fusion_weights(cfg, out_dir)
-    check(part == "head", f"drafter.head.train.part={part!r} is not valid; choose head or fusion_weights")
-    from .tasks import _stage, _target_fingerprint, lightning_fit, peak_memory_mb, prepare_sequences
+def plan(ctx):
+    """`task=train drafter=dels_rnn|dels_markov`: the local head (+ its prior) by plain next-token prediction;
+    with `drafter.head.train.part=fusion_weights`, the per-position alpha/beta instead."""
+    part = ctx.drafter.head.train.part
+    one_of("drafter.head.train.part", part, ("head", "fusion_weights"))
+    return head_plan(ctx) if part == "head" else fusion_weights_plan(ctx)
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    target = registry.build_target(cfg.target, resolve_device(cfg.device))
-    hc = dels.head_config(cfg.drafter, target)
-    ht, tc = cfg.drafter.head.train, cfg.train
-    block = head_block_size(cfg, target)
+
+def head_plan(ctx) -> TrainPlan:
+    d, tc, target = ctx.drafter, ctx.train, ctx.target
+    hc = dels.head_config(d, target)
+    ht = d.head.train
+    block = head_block_size(d, target)
     check(block >= 2, f"drafter.head.train.block_size={block} must be at least 2")
-    seqs, data_hash = prepare_sequences(cfg, target)
     recipe = {**OmegaConf.to_container(ht, resolve=True), "block_size": block,
               **{k: tc[k] for k in ("lr", "warmup_ratio", "weight_decay", "grad_clip", "max_steps", "accumulate",
                                     "precision", "seed")}}
-    run_dir = _stage(cfg, "head", {"data": data_hash, "head": hc.to_dict(), "recipe": recipe,
-                                   "target": _target_fingerprint(cfg, target)})
-    run_dir.mkdir(parents=True, exist_ok=True)
-    head_dir = run_dir / "head"
-    if (run_dir / "train.json").exists() and (head_dir / dels.WEIGHTS_FILE).exists():
-        card = json.loads((run_dir / "train.json").read_text())
-        print(f"specexp: reusing trained head {head_dir}", flush=True)
-    else:
+    counts = count_assistant_tokens(ctx.seqs, target.vocab_size)
+
+    def module():
         with torch.random.fork_rng():
             torch.manual_seed(tc.seed)
             head = dels.make_head(hc)
-        module = LocalHeadLitModule(head.float(), target, block_size=block, num_anchors=ht.num_anchors,
-                                    gamma=ht.gamma, lr=tc.lr, warmup_ratio=tc.warmup_ratio,
-                                    weight_decay=tc.weight_decay, seed=tc.seed)
-        train_cfg = OmegaConf.merge(cfg, {"train": {"epochs": ht.epochs}})
-        trainer, seconds, precision = lightning_fit(train_cfg, module, _TokenSequences(seqs), run_dir, target.device)
-        dels.save_head(head, head_dir, dtype=getattr(torch, tc.export_dtype))
-        card = {"steps": trainer.global_step, "train_seconds": seconds, "peak_memory_mb": peak_memory_mb(target.device),
-                "final_metrics": {k: float(v) for k, v in trainer.logged_metrics.items()}, "precision": precision,
-                "block_size": block, "gamma": ht.gamma, "trainable_params": sum(p.numel() for p in head.parameters())}
-        write_json(run_dir / "train.json", card)
-    counts = count_assistant_tokens(seqs, target.vocab_size)
-    dels.save_prior(counts, head_dir, 1.0, {"data_hash": data_hash, "sequences": len(seqs)})
-    card = {**card, "command": "python -m specexp " + " ".join(sys.argv[1:]), "data_hash": data_hash,
-            "sequences": len(seqs), "response_tokens": int(counts.sum()), "target": target.name,
-            "target_source": target.source, "head": hc.to_dict(), "recipe": recipe, "run_dir": str(run_dir)}
-    final = head_dir
-    if tc.export_dir:
-        final = Path(tc.export_dir)
-        dels.save_head(dels.load_head(head_dir, str(head_dir)), final, dtype=getattr(torch, tc.export_dtype))
-        dels.save_prior(counts, final, 1.0, {"data_hash": data_hash, "sequences": len(seqs)})
-    if tc.eval_after:
-        from ..eval.evaluator import run_eval
+        return LocalHeadLitModule(head.float(), target, block_size=block, num_anchors=ht.num_anchors, gamma=ht.gamma,
+                                  lr=tc.lr, warmup_ratio=tc.warmup_ratio, weight_decay=tc.weight_decay, seed=tc.seed)
 
-        ecfg = OmegaConf.merge(cfg, {"drafter": {"head": {"init": "checkpoint", "checkpoint": str(final)}}})
-        summary = run_eval(ecfg, out_dir / "eval")
-        card["eval"] = {"benchmarks": {k: {"tau": v["tau"], "speedup": v["speedup"]}
-                                       for k, v in summary["benchmarks"].items()}, "macro": summary["macro"],
-                        "max_new_tokens": summary["max_new_tokens"],
-                        "alpha": OmegaConf.to_container(cfg.fusion, resolve=True)["alpha"],
-                        "beta": OmegaConf.to_container(cfg.fusion, resolve=True)["beta"]}
-    write_json(final / "card.json", card)
-    (final / "README.md").write_text(card_markdown(card))
-    write_json(out_dir / "train_summary.json", card)
-    print(json.dumps({k: card[k] for k in ("steps", "train_seconds", "peak_memory_mb", "final_metrics")}, indent=1))
-    return card
+    def save(module, out: Path):
+        dels.save_head(module.head, out, dtype=getattr(torch, tc.export_dtype))
+        dels.save_prior(counts, out, 1.0, {"data_hash": ctx.data_hash, "sequences": len(ctx.seqs)})
 
-
-class _TokenSequences(torch.utils.data.Dataset):
-    def __init__(self, seqs):
-        self.seqs = seqs
-
-    def __len__(self):
-        return len(self.seqs)
-
-    def __getitem__(self, i):
-        return {"ids": self.seqs[i].ids, "loss_mask": self.seqs[i].loss_mask}
+    return TrainPlan(
+        kind=d.name, title=f"DeLS-Spec {hc.kind} local head", dataset=ctx.token_dataset(), module=module, save=save,
+        epochs=ht.epochs, payload={"head": hc.to_dict(), "recipe": recipe,
+                                   "target": target_fingerprint(ctx.target_cfg, target)},
+        facts={"head": {k: v for k, v in hc.to_dict().items() if k != "architecture"}, "recipe": recipe,
+               "prior": PRIOR_NOTE},
+        eval_overrides=lambda path: {"head": {"init": "checkpoint", "checkpoint": path}})
 
 
 def run_prior(cfg, out_dir) -> dict:
     """`task=prior`: the unigram prior of the data config's sequences, written to `task.out` (default: the
     run directory); point it at a head's directory to put the prior beside the head."""
-    from .tasks import prepare_sequences
-
-    target = registry.build_target(cfg.target, resolve_device(cfg.device))
-    seqs, data_hash = prepare_sequences(cfg, target)
-    counts = count_assistant_tokens(seqs, target.vocab_size)
+    ctx = context(cfg)
+    counts = count_assistant_tokens(ctx.seqs, ctx.target.vocab_size)
     dest = Path(cfg.task.out) if cfg.task.get("out") else Path(out_dir)
-    path = dels.save_prior(counts, dest, cfg.task.smoothing, {"data_hash": data_hash, "sequences": len(seqs)})
+    path = dels.save_prior(counts, dest, cfg.task.smoothing, {"data_hash": ctx.data_hash, "sequences": len(ctx.seqs)})
     summary = {"prior": str(path), "tokens": int(counts.sum()), "distinct": int((counts > 0).sum()),
-               "vocab_size": target.vocab_size, "smoothing": cfg.task.smoothing, "data_hash": data_hash}
+               "vocab_size": ctx.target.vocab_size, "smoothing": cfg.task.smoothing, "data_hash": ctx.data_hash}
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     write_json(Path(out_dir) / "prior.json", summary)
     print(f"specexp: {summary}", flush=True)
@@ -287,44 +221,38 @@ class FusionWeightsLitModule(L.LightningModule):
         return adamw_cosine([self.alpha, self.beta], self.trainer, self.lr, 0.0, self.warmup_ratio)
 
 
-def run_train_fusion_weights(cfg, out_dir) -> dict:
-    """`task=train drafter=dels_* drafter.head.train.part=fusion_weights`: learn per-position alpha/beta
-    for the configured (trained) backbone and head; writes fusion_weights.json beside the head when
-    `train.export_dir` is the head's directory, else into the run directory. Use with `fusion=learned`."""
-    from ..drafters.dflash import DFlashDraftModel, resolve_checkpoint
-    from .tasks import _stage, lightning_fit, peak_memory_mb, prepare_sequences
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    d, tc = cfg.drafter, cfg.train
+def fusion_weights_plan(ctx) -> TrainPlan:
+    """Per-position alpha/beta for the configured (trained) backbone and head. The artifact is
+    `fusion_weights.json`; with `train.export_dir` = the head's directory it lands beside the head, where
+    `fusion=learned` reads it."""
+    d, tc, target = ctx.drafter, ctx.train, ctx.target
     check(bool(d.get("checkpoint")) and bool(d.head.get("checkpoint")),
           "drafter.head.train.part=fusion_weights needs trained parts: drafter.checkpoint=DIR and "
           "drafter.head.checkpoint=DIR")
-    target = registry.build_target(cfg.target, resolve_device(cfg.device))
     bpath, hpath = resolve_checkpoint(str(d.checkpoint)), resolve_checkpoint(str(d.head.checkpoint))
-    backbone = DFlashDraftModel.from_pretrained(bpath, dtype=target.dtype, device=target.device)
-    head = dels.load_head(hpath, f"drafter.head.checkpoint={str(d.head.checkpoint)!r}").to(target.device, target.dtype)
-    lp = dels.load_prior(hpath, target.vocab_size, d.prior.smoothing, str(hpath))
-    seqs, data_hash = prepare_sequences(cfg, target)
-    fu = OmegaConf.to_container(cfg.fusion, resolve=True)
-    gamma = d.head.train.gamma
-    run_dir = _stage(cfg, "fusion", {"data": data_hash, "backbone": str(bpath), "head": str(hpath),
-                                     "init": [fu["alpha"], fu["beta"]], "anchors": d.head.train.num_anchors,
-                                     "epochs": d.head.train.epochs, "lr": tc.lr, "seed": tc.seed})
-    run_dir.mkdir(parents=True, exist_ok=True)
-    module = FusionWeightsLitModule(backbone, head, lp, target, num_anchors=d.head.train.num_anchors, gamma=gamma,
-                                    alpha=fu["alpha"], beta=fu["beta"], lr=tc.lr, warmup_ratio=tc.warmup_ratio,
-                                    seed=tc.seed)
-    trainer, seconds, _ = lightning_fit(OmegaConf.merge(cfg, {"train": {"epochs": d.head.train.epochs}}), module,
-                                        _TokenSequences(seqs), run_dir, target.device)
-    weights = {"alpha": [round(float(x), 6) for x in module.alpha.detach()],
-               "beta": [round(float(x), 6) for x in module.beta.detach()],
-               "init": {"alpha": fu["alpha"], "beta": fu["beta"]}, "steps": trainer.global_step,
-               "train_seconds": seconds, "peak_memory_mb": peak_memory_mb(target.device), "data_hash": data_hash,
-               "final_loss": float(trainer.logged_metrics.get("train/loss", float("nan"))),
-               "command": "python -m specexp " + " ".join(sys.argv[1:])}
-    dest = Path(tc.export_dir) if tc.export_dir else run_dir
-    write_json(dest / FUSION_WEIGHTS_FILE, weights)
-    write_json(out_dir / FUSION_WEIGHTS_FILE, weights)
-    print(json.dumps(weights, indent=1))
-    return weights
+    fu = OmegaConf.to_container(ctx.fusion, resolve=True)
+    ht = d.head.train
+
+    def module():
+        backbone = DFlashDraftModel.from_pretrained(bpath, dtype=target.dtype, device=target.device)
+        head = dels.load_head(hpath, f"drafter.head.checkpoint={str(d.head.checkpoint)!r}").to(target.device,
+                                                                                               target.dtype)
+        lp = dels.load_prior(hpath, target.vocab_size, d.prior.smoothing, str(hpath))
+        return FusionWeightsLitModule(backbone, head, lp, target, num_anchors=ht.num_anchors, gamma=ht.gamma,
+                                      alpha=fu["alpha"], beta=fu["beta"], lr=tc.lr, warmup_ratio=tc.warmup_ratio,
+                                      seed=tc.seed)
+
+    def save(module, out: Path):
+        weights = {"alpha": [round(float(x), 6) for x in module.alpha.detach()],
+                   "beta": [round(float(x), 6) for x in module.beta.detach()],
+                   "init": {"alpha": fu["alpha"], "beta": fu["beta"]}, "data_hash": ctx.data_hash,
+                   "command": "python -m specexp " + " ".join(sys.argv[1:])}
+        write_json(out / FUSION_WEIGHTS_FILE, weights)
+
+    return TrainPlan(
+        kind="fusion", title="DeLS-Spec learned fusion weights", dataset=ctx.token_dataset(), module=module,
+        save=save, epochs=ht.epochs, card=False,
+        payload={"backbone": str(bpath), "head": str(hpath), "init": [fu["alpha"], fu["beta"]],
+                 "anchors": ht.num_anchors, "gamma": ht.gamma, "epochs": ht.epochs, "lr": tc.lr, "seed": tc.seed,
+                 "max_steps": tc.max_steps},
+        facts={"init": {"alpha": fu["alpha"], "beta": fu["beta"]}})
