@@ -146,7 +146,8 @@ CASES = [
      "model.safetensors.index.json is not valid JSON"),
     ("dflash_no_weight_map", [*CKPT, "drafter.checkpoint=BAD/dflash_no_weight_map"],
      "model.safetensors.index.json needs a non-empty 'weight_map'"),
-    ("prompt_alone_too_long", [*SMALL, "target.max_context=40"], "tokens, + 15 drafts) exceeds the target context of 40; no eval.max_new_tokens fits"),
+    ("prompt_alone_too_long", [*SMALL, "target.max_context=40"],
+     "tokens, + 15 drafts) exceeds the target context of 40; no eval.max_new_tokens fits"),
 ]
 
 
@@ -179,13 +180,18 @@ def test_the_good_directories_of_the_table_load(bad, tmp_path, monkeypatch, caps
 @pytest.mark.slow
 def test_every_shipped_config_validates():
     """No experiment, drafter or target option trips the validation (it would refuse the repository's own files)."""
-    from conftest import make_cfg
+    from conftest import ROOT, make_cfg
+    from hydra import compose, initialize_config_dir
 
     from specexp.config import options, validate
 
     for group in ("experiment", "drafter", "target", "eval", "train", "data", "fusion", "decoding", "logger", "task"):
         for name in options(group):
             validate(make_cfg([f"{group}={name}"]), job={})
+    for sweep in sorted((ROOT / "sweeps").glob("*.yaml")):                # the sweep files, as --config-name
+        with initialize_config_dir(config_dir=str(ROOT / "sweeps"), version_base="1.3"):
+            cfg = compose(sweep.stem, overrides=[f"hydra.searchpath=[file://{ROOT / 'conf'}]"])
+        validate(cfg, job={"config_name": sweep.stem})
 
 
 @pytest.mark.parametrize("what", ["metrics_dir", pytest.param("full_disk", marks=pytest.mark.slow)])

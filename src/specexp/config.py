@@ -216,6 +216,7 @@ def _fusion_weight(v):
 
 
 DTYPES = ("float32", "bfloat16", "float16")
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", 32, 16, 64, "32", "16", "bf16")
 # key -> (predicate, what would be valid). Applied where the key exists (drafter keys differ per drafter).
 RULES = {
     "seed": (_int(), "an int"),
@@ -284,6 +285,9 @@ RULES = {
     "train.log_every": (_int(1), "an int >= 1"),
     "train.seed": (_int(), "an int"),
     "train.export_dtype": (_one_of(*DTYPES), ", ".join(DTYPES)),
+    "train.devices": (lambda v: v == "auto" or _int(1)(v) or _int_list()(v), "auto, an int >= 1 or a list of ids"),
+    "train.precision": (lambda v: v in ("auto", *PRECISIONS) and not isinstance(v, bool),
+                        "auto or a Lightning precision (" + ", ".join(PRECISIONS[:6]) + ", or 32, 16, 64, bf16)"),
 }
 
 
