@@ -29,7 +29,8 @@ class EpochSampler(torch.utils.data.Sampler[int]):
     """Shuffled indices 0..n-1, one permutation per epoch, a function of (seed, epoch) only.
 
     The permutations are those a `DataLoader(shuffle=True, generator=torch.Generator().manual_seed(seed))` draws
-    when every epoch runs to its end, so runs made before this sampler existed keep their data order.
+    under Lightning (which takes `len(loader)` batches per epoch and never exhausts RandomSampler, whose extra
+    draw at exhaustion is thus never made), so runs made before this sampler existed keep their data order.
     """
 
     def __init__(self, n: int, seed: int):
@@ -46,11 +47,10 @@ class EpochSampler(torch.utils.data.Sampler[int]):
 
     def permutation(self, epoch: int) -> list[int]:
         g = torch.Generator().manual_seed(self.seed)
-        for _ in range(epoch):          # earlier epochs: the loader's base seed, the order, RandomSampler's tail draw
+        for _ in range(epoch + 1):      # per epoch: the loader's base seed, then the order
             torch.empty((), dtype=torch.int64).random_(generator=g)
-            torch.randperm(self.n, generator=g), torch.randperm(self.n, generator=g)
-        torch.empty((), dtype=torch.int64).random_(generator=g)
-        return torch.randperm(self.n, generator=g).tolist()
+            order = torch.randperm(self.n, generator=g)                     # [n]
+        return order.tolist()
 
     def __iter__(self):
         skip = 0
