@@ -28,7 +28,7 @@ def run_task(cfg: DictConfig, out_dir: str):
     from .eval.evaluator import run_eval
     from .eval.replay import run_replay
     from .training.local_heads import run_prior
-    from .training.tasks import run_regenerate, run_train
+    from .training.pipeline import run_regenerate, run_train
 
     tasks = {"eval": run_eval, "train": run_train, "regenerate": run_regenerate, "prior": run_prior}
     tasks["replay"] = run_replay                 # τ without decoding, on cached greedy references
