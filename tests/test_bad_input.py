@@ -151,8 +151,7 @@ CASES = [
 ]
 
 
-# Cases that build the tiny target first (a drafter checkpoint is read after the target) take a few seconds.
-SLOW = {"prompt_alone_too_long"} | {c[0] for c in CASES if c[0].startswith("dflash_")}
+SLOW = {"prompt_alone_too_long"}                 # builds the tiny target and tokenizes the prompt first
 
 
 @pytest.mark.parametrize("args, expected", [pytest.param(*c[1:], id=c[0], marks=[pytest.mark.slow] * (c[0] in SLOW))

@@ -370,6 +370,7 @@ def validate(cfg, job: dict | None = None) -> None:
         if found and not ok(node):
             raise UserError(f"{key}={_fmt(node)} is not valid; expected {valid}")
     _check_target_fit(values)
+    _check_drafter_checkpoint(values)
 
 
 def _check_target_fit(values: dict) -> None:
@@ -384,6 +385,24 @@ def _check_target_fit(values: dict) -> None:
     if t.get("loader") == "tiny_qwen3" and t.get("hidden_size", 0) % max(1, t.get("num_heads", 1)):
         raise UserError(f"target.hidden_size={t['hidden_size']} must be a multiple of target.num_heads="
                         f"{t['num_heads']}")
+
+
+def _check_drafter_checkpoint(values: dict) -> None:
+    """A local DFlash-format checkpoint of a DFlash-family drafter: its config.json and weight index are read now,
+    so a malformed one is refused before the target is loaded (its tensors are checked when the drafter loads)."""
+    d = values.get("drafter") or {}
+    ckpt = d.get("checkpoint")
+    if d.get("init") == "random" or not isinstance(ckpt, str) or not set(option_tree("drafter", "dflash")) <= set(d):
+        return
+    from .checkpoints import read_config, shards
+    from .drafters.dflash import REPO_ROOT, DFlashConfig
+
+    path = Path(ckpt).expanduser()
+    path = path if path.exists() or path.is_absolute() else REPO_ROOT / ckpt    # committed checkpoints
+    if path.is_dir():                            # else a hub id, or absent: the drafter's loader says which
+        where = f"drafter.checkpoint={ckpt!r}"
+        DFlashConfig.from_dict(read_config(path, where), f"{where}: config.json")
+        shards(path, where)
 
 
 # ---------------------------------------------------------------------------------- the run directory
