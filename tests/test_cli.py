@@ -59,6 +59,7 @@ def test_bad_command_lines_give_one_line(tmp_path, args, expected):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_resume_after_an_interrupted_run(cfg_factory, tmp_path, monkeypatch):
     cfg = cfg_factory("benchmark=mt_bench", "eval.num_samples=3", "eval.max_new_tokens=12")
     real, calls = evaluator.run_sample, []
@@ -130,6 +131,7 @@ def test_bad_benchmark_files(cfg_factory, tmp_path, content, message):
         evaluator.run_eval(cfg, tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_sampling_run_is_reproducible_and_ar_only_run(cfg_factory, tmp_path):
     cfg = cfg_factory("benchmark=alpaca", "eval.num_samples=2", "eval.max_new_tokens=10", "decoding=sample_b")
     a = evaluator.run_eval(cfg, tmp_path / "a")

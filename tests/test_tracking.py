@@ -1,12 +1,14 @@
 """Loggers write where they say, W&B offline without a key; run metadata names versions and device."""
 import json
 
+import pytest
 import torch
 
 from specexp.eval import evaluator
 from specexp.tracking import run_info
 
 
+@pytest.mark.slow
 def test_csv_logger(cfg_factory, tmp_path):
     evaluator.run_eval(cfg_factory("benchmark=gsm8k", "eval.num_samples=2", "eval.max_new_tokens=6", "logger=csv"),
                        tmp_path)
@@ -15,6 +17,7 @@ def test_csv_logger(cfg_factory, tmp_path):
     assert rows[0].startswith("benchmark,num_samples") and rows[1].startswith("gsm8k,2,2,")
 
 
+@pytest.mark.slow
 def test_wandb_offline_run(cfg_factory, tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)

@@ -32,7 +32,12 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 ANY = "any"                                  # the type tag of a null or interpolated option value
 FREE_FORM = {"target.chat_kwargs", "eval.num_samples"}          # mappings whose keys are the user's
 OPTIONAL_KEYS = {"data.corpus_dir": "str"}                      # read with .get(): absent from every option file
-DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def _device_pattern():
+    from .targets import DEVICE           # the device grammar lives with the code that parses it
+
+    return DEVICE
 
 
 # ------------------------------------------------------------------------------------------- the schema
@@ -220,7 +225,7 @@ PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-t
 # key -> (predicate, what would be valid). Applied where the key exists (drafter keys differ per drafter).
 RULES = {
     "seed": (_int(), "an int"),
-    "device": (lambda v: isinstance(v, str) and DEVICE.fullmatch(v) is not None, "auto, cpu, cuda or cuda:N"),
+    "device": (lambda v: isinstance(v, str) and _device_pattern().fullmatch(v) is not None, "auto, cpu, cuda or cuda:N"),
     "cpu_threads": (_null_or(_int(1)), "an int >= 1, or null (torch's default)"),
     "eval.num_samples": (_num_samples, "an int >= 1, null (all), 'paper' or a mapping {benchmark: int >= 1}"),
     "eval.max_new_tokens": (_int(1), "an int >= 1"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -132,9 +133,10 @@ class Target:
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-def resolve_device(device: str) -> torch.device:
-    from .config import DEVICE
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")            # what `device=` accepts
 
+
+def resolve_device(device: str) -> torch.device:
     check(isinstance(device, str) and DEVICE.fullmatch(device) is not None,
           f"device={device!r} is malformed; use auto, cpu, cuda or cuda:N (N a GPU index)")
     if device == "auto":

@@ -132,6 +132,7 @@ def test_protocol_b_with_fused_drafts_keeps_the_target_distribution():
     assert deep > 6000 // 10 and pvalue > 1e-3, (pvalue, deep)
 
 
+@pytest.mark.slow
 def test_protocol_b_through_the_triton_kernel_keeps_the_target_distribution():
     """The kernel's own Philox sampling and reported probabilities (TRITON_INTERPRET=1 on CPU)."""
     pvalue, deep = _dist_test("triton", 600)

@@ -40,6 +40,7 @@ def test_kernel_reads_bf16_inputs():
     assert int(tok) == int(fuse_torch(long, z, w, 0.3, 0.5, lp)[0])
 
 
+@pytest.mark.slow
 def test_kernel_sampler_follows_the_fused_distribution():
     """Mass on a few tokens in different tiles (V = 2500: three tiles of 1024), the rest in one bucket."""
     V, n, hot = 2500, 400, [3, 1030, 1500, 2080, 2499]

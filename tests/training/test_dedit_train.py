@@ -32,6 +32,7 @@ def test_proposal_mix_rules(tiny_target):
     assert abs(hi - 0.3) < 0.03 and abs(lo - 0.3) < 0.03, (hi, lo)   # independent of confidence
 
 
+@pytest.mark.slow
 def test_train_task_end_to_end(cfg_factory, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path / "cache"))
     cfg = cfg_factory("task=train", "drafter=dedit", "drafter.block_size=8", "train=smoke", "data=smoke",

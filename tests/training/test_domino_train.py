@@ -17,6 +17,7 @@ def test_lambda_schedule():
     assert lambda_at(70, 100, 0.3, 0.0) == pytest.approx(0.3)            # no decay: constant
 
 
+@pytest.mark.slow
 def test_train_task_writes_head_and_evaluates(cfg_factory, tiny_target, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path / "cache"))
     bb = tmp_path / "dflash"

@@ -28,6 +28,7 @@ def test_prior_matches_hand_counts(tmp_path):
     assert dels.load_prior(tmp_path, 10, 1.0, "x").shape == (10,)  # padded to a larger vocabulary
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["rnn", "markov"])
 def test_head_memorises_a_sequence_through_the_inference_path(cfg_factory, tiny_target, tmp_path, kind):
     t = tiny_target
@@ -68,6 +69,7 @@ def registry_dflash(cfg_factory, t):
     return registry.build_drafter(cfg_factory().drafter, t)
 
 
+@pytest.mark.slow
 def test_train_task_writes_head_and_prior_and_evaluates(cfg_factory, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path / "cache"))
     common = ["data=smoke", f"paths.cache={tmp_path / 'cache'}"]
@@ -91,6 +93,7 @@ def test_train_task_writes_head_and_prior_and_evaluates(cfg_factory, tmp_path, m
     assert s["tokens"] == card["response_tokens"]
 
 
+@pytest.mark.slow
 def test_learned_fusion_weights_train_and_load(cfg_factory, tiny_target, tmp_path, monkeypatch):
     """Per-position alpha/beta on frozen parts: the CE of the fused drafts drops, the weights move away from
     their init, and fusion=learned reads them back into a lossless drafter."""

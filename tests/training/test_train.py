@@ -12,6 +12,7 @@ from specexp.training import pipeline
 from specexp.training.dflash_module import DFlashLitModule, drafter_config
 
 
+@pytest.mark.slow
 def test_memorising_one_sequence_drafts_it(cfg_factory, tiny_target, tmp_path):
     t = tiny_target
     ids = t.encode_chat([{"role": "user", "content": "Tell me a story about a lighthouse."}])
@@ -33,6 +34,7 @@ def test_memorising_one_sequence_drafts_it(cfg_factory, tiny_target, tmp_path):
     assert tau > 6.0, spec.accept_lengths                               # block size 8: at most 8
 
 
+@pytest.mark.slow
 def test_smoke_training_lowers_the_loss_and_its_checkpoint_evaluates(cfg_factory, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path / "cache"))
     cfg = cfg_factory("task=train", "train=smoke", "data=smoke", f"paths.cache={tmp_path / 'cache'}",
@@ -75,6 +77,7 @@ def test_smoke_training_lowers_the_loss_and_its_checkpoint_evaluates(cfg_factory
     assert again["run_dir"] == card["run_dir"] and again["train_seconds"] == card["train_seconds"]
 
 
+@pytest.mark.slow
 def test_feature_cache_matches_online_taps_resumes_and_refuses_a_mismatch(tiny_target, tmp_path):
     from specexp.errors import UserError
 
@@ -102,6 +105,7 @@ def test_feature_cache_matches_online_taps_resumes_and_refuses_a_mismatch(tiny_t
         D.FeatureCache(tmp_path, {**meta, "layer_ids": [1, 3]})
 
 
+@pytest.mark.slow
 def test_interrupted_training_resumes_from_its_last_checkpoint(cfg_factory, tmp_path, monkeypatch):
     import lightning as L
 

@@ -1,0 +1,74 @@
+"""One-way dependencies, checked on the source (every import, function-local ones included):
+no import cycles among specexp's modules, no module imports another's private names, and the core layers
+(decoding/, drafters/, kernels/) never import what sits above them."""
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "specexp"
+CORE = ("specexp.decoding", "specexp.drafters", "specexp.kernels")
+ABOVE = ("specexp.eval", "specexp.training", "specexp.registry", "specexp.cli", "specexp.__main__",
+         "specexp.report", "specexp.tracking")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(imported module, names) for every import statement in the file, relative ones resolved."""
+    mod = _module_name(path)
+    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            target = (f"{base}.{node.module}" if node.module else base) if node.level else node.module
+            names = [a.name for a in node.names]
+            # `from . import x` imports the submodule x
+            subs = [f"{target}.{n}" for n in names if (SRC.parent / f"{target}.{n}".replace(".", "/")).with_suffix(
+                ".py").exists() or (SRC.parent / f"{target}.{n}".replace(".", "/")).is_dir()]
+            out += [(s, []) for s in subs] + [(target, [n for n in names if f"{target}.{n}" not in subs])]
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = {_module_name(p): p for p in SRC.rglob("*.py")}
+    return {m: {t for t, _ in _imports(p) if t in mods and t != m} for m, p in mods.items()}
+
+
+def test_no_import_cycles():
+    graph = _graph()
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m, stack):
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycles.append(stack[stack.index(n):] + [n])
+            elif n not in state:
+                visit(n, stack + [n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    # a package's __init__ importing its own submodules is not a cycle of concern; none do today
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_no_private_names_imported_across_modules():
+    bad = [(str(p.relative_to(SRC)), t, n) for p in SRC.rglob("*.py") for t, names in _imports(p)
+           if t.startswith("specexp") for n in names if n.startswith("_") and not n.startswith("__")]
+    assert not bad, f"imports of another module's private names: {bad}"
+
+
+def test_core_never_imports_what_sits_above_it():
+    graph = _graph()
+    bad = [(m, t) for m, ts in graph.items() if m.startswith(CORE) for t in ts if t.startswith(ABOVE)]
+    assert not bad, f"core modules importing upper layers: {bad}"
