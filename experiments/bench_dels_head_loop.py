@@ -95,7 +95,8 @@ def main():
             ms, tokens = bench(d, x, args.iters)
             base, ref = (ms, tokens) if base is None else (base, ref)
             same = "yes" if torch.equal(tokens, ref) else "NO"
-            print(f"| {kind} | {loop} | {backend} | {ms:.3f} | {ms * 1e3 / args.drafts:.1f} | {base / ms:.2f}× | {same} |")
+            per_draft_us = ms * 1e3 / args.drafts
+            print(f"| {kind} | {loop} | {backend} | {ms:.3f} | {per_draft_us:.1f} | {base / ms:.2f}× | {same} |")
             del d
             if device.type == "cuda":
                 torch.cuda.empty_cache()

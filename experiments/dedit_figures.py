@@ -45,7 +45,8 @@ def fmt(v, spec=".2f") -> str:
 
 def tau_table(title: str, rows: dict[str, dict], extra: dict[str, str] | None = None) -> list[str]:
     benches = list(next(iter(rows.values()))["benchmarks"])
-    lines = [f"## {title}", "", "| | " + " | ".join(benches) + " | macro τ |" + (" macro speedup |" if extra is None else ""),
+    head = "| | " + " | ".join(benches) + " | macro τ |" + (" macro speedup |" if extra is None else "")
+    lines = [f"## {title}", "", head,
              "|---|" + "---:|" * (len(benches) + 1 + (extra is None))]
     for name, s in rows.items():
         cells = [fmt(s["benchmarks"].get(b, {}).get("tau")) for b in benches] + [fmt(s["macro"]["tau"], ".3f")]
@@ -75,7 +76,8 @@ def mix_table(rows: dict[str, dict]) -> list[str]:
     for name, s in rows.items():
         e = edits_of(s)
         lines.append(f"| {name} | {e['rounds']} | {e['edited']} | {e['harmful']} | {e['helpful']} | "
-                     f"{fmt(e['harmful_rate'], '.1%')} | {fmt(e['helpful_rate'], '.1%')} | {fmt(s['macro']['tau'], '.3f')} |")
+                     f"{fmt(e['harmful_rate'], '.1%')} | {fmt(e['helpful_rate'], '.1%')} | "
+                     f"{fmt(s['macro']['tau'], '.3f')} |")
     return lines + [""]
 
 
@@ -99,7 +101,8 @@ def plot(passes: dict[int, dict], window: dict[int, dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(passes, "edit passes E", "τ against E (W = K)"), (window, "drafting window W", "τ against W (K = 4, E = 2)")]
+    panels = [(passes, "edit passes E", "τ against E (W = K)"),
+              (window, "drafting window W", "τ against W (K = 4, E = 2)")]
     panels = [p for p in panels if p[0]]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
     for ax, (data, xlabel, title) in zip(axes[0], panels):

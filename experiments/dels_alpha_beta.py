@@ -14,7 +14,6 @@ from pathlib import Path
 
 import yaml
 
-
 CIS: dict[tuple[float, float], list[float]] = {}    # macro τ 95% CIs of the cells whose summary has one
 
 

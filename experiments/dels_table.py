@@ -57,7 +57,8 @@ def cost_table(cards: list[Path]) -> str:
         head = card.get("head", {})
         kind = head.get("kind") or ("domino" if head.get("architecture") == "domino_head" else "dflash")
         params = card.get("trainable_params")
-        lines.append(f"| {c.name if c.is_dir() else c.stem} ({kind}) | {'–' if params is None else f'{params:,}'} | {card['steps']} | "
+        n_params = "–" if params is None else f"{params:,}"
+        lines.append(f"| {c.name if c.is_dir() else c.stem} ({kind}) | {n_params} | {card['steps']} | "
                      f"{card['train_seconds'] / 60:.1f} min | {card['peak_memory_mb'] / 1024:.2f} GiB |")
     return "\n".join(lines) + "\n"
 

@@ -36,12 +36,13 @@ def main():
     names = [n for n in s[0]["benchmarks"] if all(n in x["benchmarks"] for x in s)]
     tau = [[x["benchmarks"][n]["tau"] for n in names] + [x["macro"]["tau"]] for x in s]
     cols = names + ["macro"]
-    lines = [f"Residual terms on {s[0]['target']} ({s[0]['decoding']['protocol']}, {s[0]['max_new_tokens']} new tokens);"
-             " τ includes the bonus token", "", "| | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    lines = [f"Residual terms on {s[0]['target']} ({s[0]['decoding']['protocol']}, {s[0]['max_new_tokens']} new "
+             "tokens); τ includes the bonus token", "", "| | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     for x, row in zip(s, tau):
         lines.append(f"| {x['drafter']} | " + " | ".join(f"{v:.2f}" for v in row) + " |")
     for i, label in ((1, "gain ratio Markov / Domino-FT"), (2, "gain ratio RNN / Domino-FT")):
-        lines.append(f"| {label} | " + " | ".join(gain(tau[i][j], tau[0][j], tau[3][j]) for j in range(len(cols))) + " |")
+        gains = " | ".join(gain(tau[i][j], tau[0][j], tau[3][j]) for j in range(len(cols)))
+        lines.append(f"| {label} | {gains} |")
     text = "\n".join(lines) + "\n" + ("\n" + cost_table(args.cards) if args.cards else "")
     (args.out or args.runs[0] / "table3.md").write_text(text)
     print(text)

@@ -150,3 +150,16 @@ def chi2_pvalue(probs: dict, counts: dict, n_runs: int, min_expected: float = 5.
     obs = [counts.get(s, 0) for s in big] + ([sum(counts.get(s, 0) for s in small)] if small else [])
     exp = [probs[s] * n_runs for s in big] + ([sum(probs[s] for s in small) * n_runs] if small else [])
     return chisquare(obs, exp).pvalue
+
+
+# Options that make a random head matter next to a random DFlash (so the test sees the fused path), at small
+# ranks (the vocabulary-wide rank-r products dominate a CPU run); a drafter not listed runs with its YAML defaults.
+DELS = ["drafter.head.input_rank=16", "drafter.head.gru_hidden=32", "drafter.head.output_rank=16",
+        "drafter.head.init_std=0.5", "fusion.alpha=4.0", "fusion.beta=1.0"]
+STRONG = {
+    "dels_rnn": DELS,
+    "dels_markov": DELS,
+    "domino_ft": ["drafter.head.gru_hidden=32", "drafter.head.emb_dim=16", "drafter.head.init_std=0.5",
+                  "drafter.head.guidance=3.0"],
+    "dedit": ["drafter.edit.passes=2", "drafter.edit.early_stop=false"],
+}

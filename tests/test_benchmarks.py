@@ -13,7 +13,8 @@ def test_all_benchmarks_load_with_their_formats():
         assert all(s.turns[0].endswith("\nPlease reason step by step, and put your final answer within \\boxed{}.")
                    for s in by[n])
     he = by["humaneval"][0].turns[0]
-    assert he.startswith("Write a solution to the following problem and make sure that it passes the tests:\n```python\n")
+    assert he.startswith("Write a solution to the following problem and make sure that it passes the tests:\n"
+                         "```python\n")
     assert he.endswith("\n```")
     assert all(len(s.turns) == 2 for s in by["mt_bench"]) and all(len(s.turns) == 1 for s in by["alpaca"])
 

@@ -5,8 +5,9 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
+
+from specexp.cli import groups
 from specexp.errors import UserError
 from specexp.eval import evaluator
 
@@ -36,7 +37,8 @@ def test_issue_command_writes_the_contract(tmp_path):
     assert 1.0 <= g["tau"] <= 16 and g["speedup"] > 0 and set(s["macro"]) == {"tau", "speedup"}
     recs = [json.loads(x) for x in (d / "samples.jsonl").read_text().splitlines()]
     assert len(recs) == 3 and all(r["lossless"] for r in recs)
-    assert {"id", "benchmark", "new_tokens", "accept_lengths", "tpot", "ar_tpot", "text_sha256", "lossless"} <= set(recs[0])
+    keys = {"id", "benchmark", "new_tokens", "accept_lengths", "tpot", "ar_tpot", "text_sha256", "lossless"}
+    assert keys <= set(recs[0])
     assert "| gsm8k | 3 |" in (d / "summary.md").read_text() and "| gsm8k | 3 |" in r.stdout
     info = json.loads((d / "run_info.json").read_text())
     assert info["versions"]["transformers"] == "5.24.0" and info["device"]["type"] == "cpu" and "sha" in info["git"]
@@ -45,7 +47,7 @@ def test_issue_command_writes_the_contract(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args, expected", [
-    (["drafter=foo"], "drafter=foo is not an option; choose one of: dedit, dels_markov, dels_rnn, dflash, domino_ft, none"),
+    (["drafter=foo"], "drafter=foo is not an option; choose one of: " + ", ".join(groups()["drafter"])),
     (["target=qwen3_9b"], "choose one of: hf, qwen3_4b, qwen3_8b, smollm2_135m, tiny_qwen3"),
     (["eval.nums=3"], "unknown key 'eval.nums'; valid keys under 'eval': check_lossless, max_new_tokens"),
     (["drafter=dflash", "drafter.checkpoint=/nonexistent/ckpt", "target=tiny_qwen3", "drafter.init=checkpoint",

@@ -1,7 +1,7 @@
 """Every option of every config group and every experiment composes; precheck accepts them."""
 import pytest
-
 from conftest import make_cfg
+
 from specexp.cli import groups, precheck
 
 OPTIONS = [(g, o) for g, opts in groups().items() for o in opts]

@@ -4,7 +4,6 @@ import subprocess
 import sys
 
 import yaml
-
 from conftest import ROOT
 
 

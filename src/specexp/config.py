@@ -20,7 +20,6 @@ import functools
 import json
 import math
 import os
-import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -35,7 +34,7 @@ OPTIONAL_KEYS = {"data.corpus_dir": "str"}                      # read with .get
 
 
 def _device_pattern():
-    from .targets import DEVICE           # the device grammar lives with the code that parses it
+    from .targets import DEVICE  # the device grammar lives with the code that parses it
 
     return DEVICE
 
@@ -225,7 +224,8 @@ PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-t
 # key -> (predicate, what would be valid). Applied where the key exists (drafter keys differ per drafter).
 RULES = {
     "seed": (_int(), "an int"),
-    "device": (lambda v: isinstance(v, str) and _device_pattern().fullmatch(v) is not None, "auto, cpu, cuda or cuda:N"),
+    "device": (lambda v: isinstance(v, str) and _device_pattern().fullmatch(v) is not None,
+               "auto, cpu, cuda or cuda:N"),
     "cpu_threads": (_null_or(_int(1)), "an int >= 1, or null (torch's default)"),
     "eval.num_samples": (_num_samples, "an int >= 1, null (all), 'paper' or a mapping {benchmark: int >= 1}"),
     "eval.max_new_tokens": (_int(1), "an int >= 1"),

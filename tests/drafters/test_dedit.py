@@ -10,7 +10,6 @@ from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters import dedit
 from specexp.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashDraftModel, init_weights
 from specexp.errors import UserError
-from specexp.eval import metrics
 
 
 def _backbone(t, block=8, std=0.3):

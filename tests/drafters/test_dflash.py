@@ -7,8 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specexp.decoding.engine import DecodeConfig, generate
-from specexp.drafters.dflash import (DFlashDrafter, DFlashDraftModel, build_target_layer_ids, check_fits,
-                                     init_weights)
+from specexp.drafters.dflash import DFlashDrafter, DFlashDraftModel, build_target_layer_ids, check_fits, init_weights
 from specexp.errors import UserError
 
 H, I, NH, NKV, D, LAYERS, IDS = 64, 128, 4, 2, 16, 2, [0, 2]
@@ -91,8 +90,8 @@ def test_zlab_checkpoint_drafts_losslessly(zlab_dir, tiny_target):
 
 
 @pytest.mark.parametrize("corruption, message", [
-    ("drop", "missing key layers.1.mlp.up_proj.weight"),
-    ("extra", "unexpected key embed_tokens.weight"),
+    ("drop", "missing tensor layers.1.mlp.up_proj.weight"),
+    ("extra", "unexpected tensor embed_tokens.weight"),
     ("shape", "fc.weight has shape"),
     ("garbage", "cannot read model.safetensors"),
     ("no_mask", "no dflash_config.mask_token_id"),

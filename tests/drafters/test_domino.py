@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from helpers import ToyTarget, _Stateless, chi2_pvalue_against_toy
-
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters import domino

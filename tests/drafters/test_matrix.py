@@ -7,22 +7,11 @@ Drafter-specific behaviour (fusion formulas, edit rules, alignments, kernels) is
 import pytest
 import torch
 
-from helpers import chi2_pvalue, exact_sequence_probs, micro_target
+from helpers import STRONG, chi2_pvalue, exact_sequence_probs, micro_target
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 
 NAMES = [n for n, e in registry.DRAFTERS.items() if e.build is not None]
-# Options that make a random head matter next to a random DFlash (so the test sees the fused path), at small
-# ranks (the vocabulary-wide rank-r products dominate a CPU run); a drafter not listed runs with its YAML defaults.
-DELS = ["drafter.head.input_rank=16", "drafter.head.gru_hidden=32", "drafter.head.output_rank=16",
-        "drafter.head.init_std=0.5", "fusion.alpha=4.0", "fusion.beta=1.0"]
-STRONG = {
-    "dels_rnn": DELS,
-    "dels_markov": DELS,
-    "domino_ft": ["drafter.head.gru_hidden=32", "drafter.head.emb_dim=16", "drafter.head.init_std=0.5",
-                  "drafter.head.guidance=3.0"],
-    "dedit": ["drafter.edit.passes=2", "drafter.edit.early_stop=false"],
-}
 PROMPTS = ["Hello there, how are you?", "What is 17 * 23?"]
 N = 24
 

@@ -4,8 +4,15 @@ import math
 import pytest
 import torch
 
-from specexp.training.anchors import (build_blocks, cosine_with_warmup, default_gamma, dense_mask, flex_mask,
-                                      leading_correct, sample_anchors)
+from specexp.training.anchors import (
+    build_blocks,
+    cosine_with_warmup,
+    default_gamma,
+    dense_mask,
+    flex_mask,
+    leading_correct,
+    sample_anchors,
+)
 
 S, B, MASK = 23, 4, 999
 

@@ -22,9 +22,11 @@ def test_train_task_writes_head_and_evaluates(cfg_factory, tiny_target, tmp_path
     monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path / "cache"))
     bb = tmp_path / "dflash"
     init_weights(DFlashDraftModel(DFlashConfig.for_target(tiny_target, 1, 8, None)), 0).save_pretrained(bb)
-    cfg = cfg_factory("task=train", "drafter=domino_ft", "train=smoke", "data=smoke", f"paths.cache={tmp_path / 'cache'}",
+    cfg = cfg_factory("task=train", "drafter=domino_ft", "train=smoke", "data=smoke",
+                      f"paths.cache={tmp_path / 'cache'}",
                       f"drafter.checkpoint={bb}", "drafter.head.train.num_anchors=8", "drafter.head.gru_hidden=64",
-                      "drafter.head.emb_dim=32", "drafter.head.train.epochs=1", "drafter.head.train.lambda_start=0.5", "train.eval_after=true",
+                      "drafter.head.emb_dim=32", "drafter.head.train.epochs=1", "drafter.head.train.lambda_start=0.5",
+                      "train.eval_after=true",
                       "benchmark=gsm8k", "eval.num_samples=1", "eval.max_new_tokens=12",
                       f"train.export_dir={tmp_path / 'head'}")
     card = run_train(cfg, tmp_path / "run")

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..drafters.base import Drafter, Proposal, Sampling
 from ..clock import now
+from ..drafters.base import Drafter, Proposal, Sampling
 from .verify import verify
 
 

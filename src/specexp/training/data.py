@@ -37,7 +37,8 @@ class Conversation:
     answer: str               # the corpus's own first answer
 
 
-def load_corpus(names: list[str], max_samples: int | None, seed: int, data_dir: Path | None = None) -> list[Conversation]:
+def load_corpus(names: list[str], max_samples: int | None, seed: int,
+                data_dir: Path | None = None) -> list[Conversation]:
     """First exchanges of the named corpus files, shuffled per file with `seed`, `max_samples` per file."""
     data_dir = Path(data_dir) if data_dir else CORPUS_DIR
     out = []
@@ -53,7 +54,8 @@ def load_corpus(names: list[str], max_samples: int | None, seed: int, data_dir: 
                 m = r["messages"]
                 assert m[0]["role"] == "user" and m[1]["role"] == "assistant"
             except (json.JSONDecodeError, KeyError, IndexError, AssertionError):
-                raise UserError(f"{data_dir / CORPORA[name]} line {n}: expected {{id, messages: [user, assistant, ...]}}") from None
+                raise UserError(f"{data_dir / CORPORA[name]} line {n}: expected "
+                                "{id, messages: [user, assistant, ...]}") from None
             user = m[0]["content"] + (MATH_SUFFIX if name == "gsm8k_train" else "")
             rows.append(Conversation(r["id"], user, m[1]["content"]))
         random.Random(seed).shuffle(rows)
