@@ -21,6 +21,8 @@ from pathlib import Path
 
 import yaml
 
+from specexp.report import plots
+
 
 def summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
@@ -96,26 +98,8 @@ def passes_table(s: dict) -> list[str]:
 
 
 def plot(passes: dict[int, dict], window: dict[int, dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [(passes, "edit passes E", "τ against E (W = K)"),
-              (window, "drafting window W", "τ against W (K = 4, E = 2)")]
-    panels = [p for p in panels if p[0]]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
-    for ax, (data, xlabel, title) in zip(axes[0], panels):
-        xs = list(data)
-        benches = list(next(iter(data.values()))["benchmarks"])
-        for b in benches:
-            ax.plot(xs, [data[x]["benchmarks"][b]["tau"] for x in xs], lw=0.8, alpha=0.5, label=b)
-        ax.plot(xs, [data[x]["macro"]["tau"] for x in xs], "k-o", lw=2, label="macro")
-        ax.set(xlabel=xlabel, ylabel="τ (tokens per verification)", title=title, xticks=xs)
-        ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    plots.tau_against([(passes, "edit passes E", "τ against E (W = K)"),         # the figure task=report draws
+                       (window, "drafting window W", "τ against W (K = 4, E = 2)")], path)
 
 
 def main():

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from specexp.report import plots
+
 CIS: dict[tuple[float, float], list[float]] = {}    # macro τ 95% CIs of the cells whose summary has one
 
 
@@ -51,42 +53,7 @@ def table(grid, alphas, betas, metric: str, title: str) -> str:
 
 
 def figure(grid, alphas, betas, metric: str, title: str, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    m = np.full((len(alphas), len(betas)), np.nan)
-    for i, a in enumerate(alphas):
-        for j, b in enumerate(betas):
-            m[i, j] = grid.get((a, b), np.nan)
-    fig, ax = plt.subplots(1, 3, figsize=(15, 4.4))
-    for k, (data, name) in enumerate([(m, f"macro {metric}"), (m / np.nanmax(m, axis=1, keepdims=True),
-                                                               f"{metric} / best of the row")]):
-        im = ax[k].imshow(data, origin="lower", cmap="viridis", aspect="auto")
-        ax[k].set_xticks(range(len(betas)), [f"{b:g}" for b in betas])
-        ax[k].set_yticks(range(len(alphas)), [f"{a:g}" for a in alphas])
-        ax[k].set_xlabel("β (prior)")
-        ax[k].set_ylabel("α (local head)")
-        ax[k].set_title(name)
-        for i in range(len(alphas)):
-            for j in range(len(betas)):
-                if not np.isnan(data[i, j]):
-                    ax[k].text(j, i, f"{data[i, j]:.3f}", ha="center", va="center", color="w", fontsize=8)
-        fig.colorbar(im, ax=ax[k])
-    best_b = [betas[int(np.nanargmax(row))] if not np.all(np.isnan(row)) else np.nan for row in m]
-    ax[2].plot(alphas, best_b, "o-", label="best β")
-    ax[2].set_xlabel("α")
-    ax[2].set_ylabel("best β")
-    tw = ax[2].twinx()
-    tw.plot(alphas, np.nanmax(m, axis=1), "s--", color="tab:orange", label=f"{metric} at best β")
-    tw.set_ylabel(f"macro {metric} at best β")
-    ax[2].set_title("best β per α")
-    fig.legend(loc="lower right")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    plots.grid_heatmap(grid, alphas, betas, metric, title, out)     # the same figure task=report draws
 
 
 def main(argv=None):
