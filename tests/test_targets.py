@@ -4,7 +4,7 @@ import importlib.util
 import pytest
 import torch
 
-from specexp.targets import QWEN3_MASK_ID
+from specexp.targets import QWEN3_MASK_ID, cache_keyword
 
 
 def test_qwen3_tokenizer_ids(tiny_target):
@@ -28,6 +28,33 @@ def test_taps_are_hidden_states_of_the_named_layers(tiny_target):
     _, taps = tiny_target.forward(ids, 0, tiny_target.new_cache(), taps=(0, 2))
     hs = tiny_target.model(ids, output_hidden_states=True).hidden_states
     torch.testing.assert_close(taps, torch.cat([hs[1], hs[3]], -1))
+
+
+def test_cache_keyword_is_the_one_the_installed_transformers_takes(tiny_target):
+    import inspect
+
+    import transformers
+
+    kw = cache_keyword(tiny_target.model)
+    assert tiny_target.cache_kwarg == kw and kw in inspect.signature(tiny_target.model.forward).parameters, \
+        f"transformers {transformers.__version__}"
+
+
+def test_incremental_logits_equal_a_full_forward(tiny_target):
+    t, ids = tiny_target, [5, 17, 301, 4000, 9, 77, 12345, 6]
+    cache = t.new_cache()
+    parts = [t.forward(torch.tensor([ids[:3]]), 0, cache)[0], t.forward(torch.tensor([ids[3:4]]), 3, cache)[0],
+             t.forward(torch.tensor([ids[4:]]), 4, cache)[0]]
+    assert cache.get_seq_length() == len(ids)
+    full, _ = t.forward(torch.tensor([ids]), 0, t.new_cache())
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_a_dropped_cache_keyword_is_one_clear_error(tiny_target, monkeypatch):
+    """A keyword the model does not take lands in **kwargs and is ignored: the guard must say so."""
+    monkeypatch.setattr(tiny_target, "cache_kwarg", "kv_cache_under_another_name")
+    with pytest.raises(RuntimeError, match=r"grew by 0 positions for 3 ids.*transformers \d"):
+        tiny_target.forward(torch.tensor([[1, 2, 3]]), 0, tiny_target.new_cache())
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ Tap convention (as the DFlash reference): tap id i is the output of 0-based deco
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import re
 import shutil
@@ -61,6 +62,10 @@ class Target:
     stop_token_ids: list[int]
     chat_kwargs: dict = field(default_factory=dict)
     source: str = ""  # where the weights came from (recorded next to results)
+    cache_kwarg: str = field(init=False, default="")  # the KV-cache keyword of `model.forward` (see `cache_keyword`)
+
+    def __post_init__(self):
+        self.cache_kwarg = cache_keyword(self.model)
 
     @property
     def config(self):
@@ -105,7 +110,7 @@ class Target:
 
     @staticmethod
     def rollback(cache, k: int) -> None:
-        """Drop the last k positions from the cache (transformers 5.24: `crop(-k)`; `crop(0)` is a no-op)."""
+        """Drop the last k positions from the cache (`crop(-k)` in every supported transformers; `crop(0)`: no-op)."""
         if k > 0:
             cache.crop(-k)
 
@@ -113,13 +118,24 @@ class Target:
     def forward(self, ids: torch.Tensor, start: int, cache, taps: Sequence[int] = (), last_only: bool = False):
         """Run `ids [1, T]` at positions `start .. start+T-1`, appending to `cache`.
 
-        Returns `(logits [1, T or 1, V], taps [1, T, len(taps)*H] | None)`.
+        Returns `(logits [1, T or 1, V], taps [1, T, len(taps)*H] | None)`. The cache must grow by exactly T
+        positions: a keyword the installed transformers ignores (it lands in `**kwargs`) would otherwise leave
+        the cache empty and every later logit silently wrong.
         """
         positions = torch.arange(start, start + ids.shape[1], device=ids.device)[None]  # [1, T]
+        before = cache.get_seq_length()
         out = self.model(
-            input_ids=ids, position_ids=positions, cache=cache, use_cache=True,
+            input_ids=ids, position_ids=positions, use_cache=True, **{self.cache_kwarg: cache},
             output_hidden_states=bool(taps), logits_to_keep=1 if last_only else 0,
         )
+        grown = cache.get_seq_length() - before
+        if grown != ids.shape[1]:
+            import transformers
+
+            raise RuntimeError(
+                f"the KV cache grew by {grown} positions for {ids.shape[1]} ids: {type(self.model).__name__} on "
+                f"transformers {transformers.__version__} did not use the cache passed as `{self.cache_kwarg}=`; "
+                f"install a supported transformers (see README, Environment)")
         hidden = torch.cat([out.hidden_states[i + 1] for i in taps], dim=-1) if taps else None  # [1, T, n*H]
         return out.logits, hidden
 
@@ -154,6 +170,14 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     check(dtype in DTYPES, f"target.dtype={dtype!r} is not valid; choose one of: auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword `model.forward` takes its KV cache by: `cache` (transformers >= 5.24, which still accepts
+    the deprecated `past_key_values`) or `past_key_values` (earlier 5.x). Read once from the signature, so
+    every call passes the name the installed version expects."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def attn_implementation(requested: str) -> str:
