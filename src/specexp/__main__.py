@@ -27,6 +27,7 @@ def run_task(cfg: DictConfig, out_dir: str):
     from .eval.compare import run_compare
     from .eval.evaluator import run_eval
     from .eval.replay import run_replay
+    from .report.dashboard import run_dashboard
     from .report.page import run_report
     from .training.local_heads import run_prior
     from .training.pipeline import run_regenerate, run_train
@@ -35,6 +36,7 @@ def run_task(cfg: DictConfig, out_dir: str):
     tasks["replay"] = run_replay                 # τ without decoding, on cached greedy references
     tasks["compare"] = run_compare               # paired comparison of two result directories
     tasks["report"] = run_report                 # a static HTML page over kept result directories
+    tasks["dashboard"] = run_dashboard           # the W&B workspace and reports as code (dashboard.json)
     one_of("task", cfg.task.name, tasks)
     # Which checkpoints a drafter uses for a target is the drafter's knowledge (its registry entry); filled here,
     # at the edge, so every later stage (fingerprints, training stages, cards) sees the resolved paths.
