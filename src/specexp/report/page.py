@@ -2,7 +2,8 @@
 
     python -m specexp task=report report.runs='[outputs/eval/dflash,multirun/dels_alpha_beta,runs/train/rnn]'
 
-Each entry of `report.runs` is one of (recognised by the files it holds; nothing else is read):
+Each entry of `report.runs` is `DIR` or `NAME=DIR` (quoted on the command line: `report.runs="['dflash=DIR',DIR]"`;
+NAME labels it on the page) and is one of (recognised by the files it holds; nothing else is read):
 
   eval or replay run   DIR/summary.json
   sweep                DIR/*/summary.json + DIR/*/config.yaml (a Hydra multirun); the swept keys are the config
@@ -119,28 +120,36 @@ def _name(p: Path, taken) -> str:
     return name if name not in taken else f"{p.parent.name}/{name}"
 
 
+def _split(entry: str) -> tuple[str | None, Path]:
+    """`NAME=DIR` -> (NAME, DIR); a plain `DIR` -> (None, DIR) (the name then comes from the files)."""
+    name, sep, path = entry.partition("=")
+    if sep and name and "/" not in name and not Path(entry).exists():
+        return name, Path(path).expanduser()
+    return None, Path(entry).expanduser()
+
+
 def collect(paths: list) -> Inputs:
     """Sort the given directories into eval/replay runs, sweeps and training runs (module docstring)."""
     out = Inputs()
     for raw in paths:
-        p = Path(str(raw)).expanduser()
-        check(p.exists(), f"report.runs: {raw} does not exist")
+        label, p = _split(str(raw))
+        check(p.exists(), f"report.runs: {p} does not exist")
         if p.is_file() and p.suffix == ".json":
             card = _json(p)
             check("train_seconds" in card, f"report.runs: {raw} is not a training card (no train_seconds)")
-            out.trainings.append(Training(_name(p.with_suffix(""), [t.name for t in out.trainings]), card))
+            out.trainings.append(Training(label or _name(p.with_suffix(""), [t.name for t in out.trainings]), card))
         elif (p / "summary.json").is_file():
             s = _json(p / "summary.json")
-            label = s.get("drafter", p.name) + (" (replay)" if s.get("mode") == "replay" else "")
+            label = label or s.get("drafter", p.name) + (" (replay)" if s.get("mode") == "replay" else "")
             out.runs[label if label not in out.runs else f"{label} ({p.name})"] = s
         elif (p / "train_summary.json").is_file():
             card = _json(p / "train_summary.json")
-            out.trainings.append(Training(_name(p, [t.name for t in out.trainings]), card,
+            out.trainings.append(Training(label or _name(p, [t.name for t in out.trainings]), card,
                                           load_training_logs(card, p)))
         elif (p / "card.json").is_file():
-            out.trainings.append(Training(_name(p, [t.name for t in out.trainings]), _json(p / "card.json")))
+            out.trainings.append(Training(label or _name(p, [t.name for t in out.trainings]), _json(p / "card.json")))
         elif p.is_dir() and _job_dirs(p):
-            out.sweeps.append(load_sweep(p, _name(p, [s.name for s in out.sweeps])))
+            out.sweeps.append(load_sweep(p, label or _name(p, [s.name for s in out.sweeps])))
         else:
             check(False, f"report.runs: {raw} holds no summary.json, train_summary.json or card.json, nor job "
                          f"directories with summary.json (an eval/replay run, a training run or a multirun)")
@@ -245,7 +254,7 @@ def cost_table(trainings: list[Training]) -> str:
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1400px;padding:0 16px;color:#222}
 h1{font-size:22px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ccc}h3{font-size:15px}
 table{border-collapse:collapse;margin:8px 0 16px}td,th{border:1px solid #ccc;padding:3px 8px}
-th{background:#f3f3f3}table.num td{text-align:right}table.num td:first-child{text-align:left}
+th{background:#f3f3f3}table.num td{text-align:right}table.num td:first-child,td.t{text-align:left}
 figure{margin:8px 0 20px}img{max-width:100%;border:1px solid #eee}figcaption{color:#555;font-size:13px}
 .note{color:#555}"""
 

@@ -209,6 +209,8 @@ def training_curves(runs: dict[str, list[dict]], path) -> Path:
             if pts:
                 ax.plot(*zip(*pts), "-", lw=1.2, marker="o" if len(pts) < 20 else None, ms=3, label=label)
         ax.set(xlabel="step", title=title)
+        if key == "train/loss":
+            ax.set_yscale("log")                # early steps are often orders of magnitude above the rest
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
     return _save(fig, path)
