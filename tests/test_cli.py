@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import transformers
 from conftest import ROOT
 
 from specexp.cli import groups
@@ -41,7 +42,8 @@ def test_issue_command_writes_the_contract(tmp_path):
     assert keys <= set(recs[0])
     assert "| gsm8k | 3 |" in (d / "summary.md").read_text() and "| gsm8k | 3 |" in r.stdout
     info = json.loads((d / "run_info.json").read_text())
-    assert info["versions"]["transformers"] == "5.24.0" and info["device"]["type"] == "cpu" and "sha" in info["git"]
+    assert info["versions"]["transformers"] == transformers.__version__ and info["device"]["type"] == "cpu"
+    assert "sha" in info["git"]
     assert "drafter:" in (d / "config.yaml").read_text()
 
 
