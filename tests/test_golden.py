@@ -36,6 +36,7 @@ def _measure(cfg_factory, target, name) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_tiny_drafters_match_the_golden_file(cfg_factory, tiny_target):
     measured = {name: _measure(cfg_factory, tiny_target, name) for name in NAMES}
     if os.environ.get("SPECEXP_UPDATE_GOLDEN") or not GOLDEN.exists():

@@ -21,6 +21,7 @@ def test_ar_baseline_equals_hf_generate(tiny_target):
     assert g.accept_lengths == [1] * 23 and g.drafted == [0] * 23
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prompt", PROMPTS)
 @pytest.mark.parametrize("n", [1, 2, 17, 40])
 def test_random_dflash_greedy_equals_ar(tiny_target, tiny_dflash, prompt, n):

@@ -51,6 +51,7 @@ def sample_sequences(protocol, monkeypatch=None, k=3):
     return chisquare(obs, exp).pvalue, accepted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["A", "B"])
 def test_protocol_preserves_target_distribution(protocol):
     pvalue, accepted = sample_sequences(protocol)
@@ -58,6 +59,7 @@ def test_protocol_preserves_target_distribution(protocol):
     assert pvalue > 1e-3
 
 
+@pytest.mark.slow
 def test_a_broken_rule_is_detected(monkeypatch):
     """Negative control: accepting protocol-B drafts without the p/q test skews the distribution."""
 

@@ -25,6 +25,7 @@ PROMPTS = ["Hello there, how are you?", "What is 17 * 23?"]
     dict(passes=1), dict(passes=3, window=7, verify=4), dict(passes=2, rule="threshold", threshold=1.5e-4),
     dict(passes=4, rule="low_confidence", confidence=2.5e-4, editor="causal"), dict(passes=2, early_stop=False),
 ])
+@pytest.mark.slow
 def test_greedy_equals_autoregressive(tiny_target, opts):
     t = tiny_target
     drafter = dedit.DEditDrafter(_backbone(t), **opts)
@@ -144,6 +145,7 @@ def _dist_test(n_runs, **kw):
     return chi2_pvalue_against_toy(target_table, T, counts, n_runs), deep
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["argmax", "threshold"])
 def test_protocol_b_keeps_the_target_distribution(rule):
     pvalue, deep = _dist_test(5000, rule=rule, threshold=0.6)

@@ -21,6 +21,7 @@ def build(cfg_factory, tiny_target, kind, *extra):
     return registry.build_drafter(cfg.drafter, tiny_target)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["rnn", "markov"])
 def test_greedy_equals_autoregressive(cfg_factory, tiny_target, kind):
     t = tiny_target
@@ -43,6 +44,7 @@ def test_greedy_equals_autoregressive(cfg_factory, tiny_target, kind):
     assert differs, "the local head and the prior never changed a draft: the test would not see the fusion"
 
 
+@pytest.mark.slow
 def test_zero_weights_reproduce_dflash_drafts(cfg_factory, tiny_target):
     t = tiny_target
     drafter = build(cfg_factory, t, "rnn", "fusion=off")
@@ -127,6 +129,7 @@ def _dist_test(backend, n_runs):
     return chi2_pvalue_against_toy(target_table, T, counts, n_runs), deep
 
 
+@pytest.mark.slow
 def test_protocol_b_with_fused_drafts_keeps_the_target_distribution():
     pvalue, deep = _dist_test("torch", 6000)
     assert deep > 6000 // 10 and pvalue > 1e-3, (pvalue, deep)

@@ -49,6 +49,7 @@ def test_trained_head_reproduces_its_sequence_under_both_alignments(cfg_factory,
     assert hits / total > 0.9, (alignment, hits, total)
 
 
+@pytest.mark.slow
 def test_greedy_equals_autoregressive_with_the_shifted_alignment(cfg_factory, tiny_target):
     """The unshifted default runs in the registry matrix (test_matrix.py); the shifted rows are Domino's own."""
     alignment = "shifted"
@@ -134,6 +135,7 @@ def _dist_test(backend, n_runs):
     return chi2_pvalue_against_toy(target_table, T, counts, n_runs), deep
 
 
+@pytest.mark.slow
 def test_protocol_b_keeps_the_target_distribution():
     pvalue, deep = _dist_test("torch", 6000)
     assert deep > 6000 // 20 and pvalue > 1e-3, (pvalue, deep)

@@ -279,7 +279,7 @@ def build(cfg, target) -> DeLSDrafter:
     else the head checkpoint, which must then be set), fusion weights from `fusion`."""
     fu = cfg.fusion
     check_fusion_options(fu)
-    head_init = resolve_head_init(cfg, target, f"task=train drafter={cfg.name}")
+    head_init = resolve_head_init(cfg, target, "DeLS", f"task=train drafter={cfg.name}")
     head_ckpt = cfg.head.get("checkpoint")
     backbone = dflash.build(cfg, target)
     if head_init == "random":

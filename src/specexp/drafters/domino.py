@@ -153,7 +153,7 @@ def build(cfg, target) -> DominoDrafter:
     check_fusion_options(cfg.fusion)
     check(isinstance(h.guidance, (int, float)) and math.isfinite(h.guidance),
           f"drafter.head.guidance={h.guidance!r} is not a finite number")
-    head_init = resolve_head_init(cfg, target, "task=train drafter=domino_ft")
+    head_init = resolve_head_init(cfg, target, "Domino", "task=train drafter=domino_ft")
     ckpt_dir = h.get("checkpoint")
     backbone = dflash.build(cfg, target)
     if head_init == "random":

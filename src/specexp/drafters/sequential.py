@@ -39,7 +39,7 @@ def random_init(module: torch.nn.Module, seed: int, std: float) -> torch.nn.Modu
     return module
 
 
-def head_init(cfg, target, train_cmd: str) -> str:
+def head_init(cfg, target, what: str, train_cmd: str) -> str:
     """`drafter.head.init` resolved to random | checkpoint. auto = random next to a random DFlash backbone (tests,
     smoke runs), else the head checkpoint, which must then be set: a random head beside a trained backbone would
     measure nothing, so that is an error rather than a silent default."""
@@ -47,7 +47,7 @@ def head_init(cfg, target, train_cmd: str) -> str:
     if init == "auto":
         random_backbone = cfg.init == "random" or (cfg.init == "auto" and not cfg.get("checkpoint"))
         check(bool(ckpt) or random_backbone,
-              f"no {cfg.name} head for target {target.name}: train one with {train_cmd} and pass "
+              f"no {what} head for target {target.name}: train one with {train_cmd} and pass "
               f"drafter.head.checkpoint=DIR (drafter.head.init=random runs a random head: τ then means nothing)")
         init = "random" if random_backbone else "checkpoint"
     one_of("drafter.head.init", init, ("random", "checkpoint"))
