@@ -200,3 +200,28 @@ def test_random_init_is_seeded(tiny_target):
     assert c.target_layer_ids == [2] and c.mask_token_id == 151669 and c.hidden_size == 64
     d = c.to_dict()   # the z-lab field set, for the reference loader
     assert d["hidden_act"] == "silu" and d["layer_types"] == ["full_attention"] and d["tie_word_embeddings"] is False
+
+
+def test_flex_attention_gets_q_and_k_in_the_dtype_of_v(monkeypatch):
+    """Under bf16 autocast the fp32 q/k norm weights make q and k fp32 while v is bf16; flex attention (unlike
+    SDPA) is not cast by autocast, so the layer casts q and k itself, and the result equals the dense path."""
+    from specexp.drafters import dflash
+    from specexp.drafters.dflash import Attention, DFlashConfig
+    from specexp.training.anchors import dense_mask, flex_mask
+
+    c = DFlashConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=8, vocab_size=50, block_size=4, num_target_layers=1,
+                     target_layer_ids=[0], mask_token_id=1)
+    torch.manual_seed(0)
+    att = Attention(c).requires_grad_(False)                  # flex has no CPU backward
+    seen, real = [], dflash._flex
+    monkeypatch.setattr(dflash, "_flex", lambda dev: lambda q, k, v, **kw: seen.append((q.dtype, k.dtype, v.dtype))
+                        or real(dev)(q, k, v, **kw))
+    anchors, s = torch.tensor([2, 6]), 10
+    x, ctx = torch.randn(1, 8, 32), torch.randn(1, 2, s, 8, dtype=torch.bfloat16)  # [1, Q, H], [1, Hkv, S, D]
+    cos, sin = torch.ones(1, 8, 8), torch.zeros(1, 8, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        dense = att(x, cos, sin, ctx, ctx, dense_mask(anchors, s, 4))
+        flex = att(x, cos, sin, ctx, ctx, flex_mask(anchors, s, 4))
+    assert seen == [(torch.bfloat16,) * 3]
+    torch.testing.assert_close(flex.float(), dense.float(), rtol=2e-2, atol=2e-2)

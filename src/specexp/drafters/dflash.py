@@ -188,6 +188,9 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.hd ** -0.5,
                                                  enable_gqa=self.nh != self.nkv)           # [B, Hq, Q, D]
         else:                                                                              # a flex BlockMask
+            # Under bf16-mixed the fp32 norm weights make q and k fp32 while v is bf16: SDPA is cast by autocast,
+            # flex is not, and older torch either refuses mixed dtypes or falls back to fp32 kernels.
+            q, k = q.to(v.dtype), k.to(v.dtype)
             out = _flex(q.device)(q, k, v, block_mask=mask, scale=self.hd ** -0.5, enable_gqa=self.nh != self.nkv)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
