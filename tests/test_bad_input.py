@@ -106,6 +106,8 @@ CASES = [
     ("block_size_0", [*SMALL, "drafter.block_size=0"], "drafter.block_size=0 is not valid; expected an int >= 2"),
     ("block_size_1", [*SMALL, "drafter.block_size=1"], "drafter.block_size=1 is not valid; expected an int >= 2"),
     ("num_layers_0", [*SMALL, "drafter.num_layers=0"], "drafter.num_layers=0 is not valid; expected an int >= 1"),
+    ("revision_num", [*SMALL, "drafter.revision=1.5"],
+     "drafter.revision=1.5 is not valid; expected a hub branch, tag or commit, or null"),
     ("layer_ids_99", [*SMALL, "drafter.target_layer_ids=[99]"],
      "drafter.target_layer_ids=[99] out of range for target tiny_qwen3 (layers 0..3)"),
     ("cpu_threads_neg", [*SMALL, "cpu_threads=-2"], "cpu_threads=-2 is not valid; expected an int >= 1, or null"),

@@ -252,6 +252,7 @@ RULES = {
     "drafter.num_layers": (_int(1), "an int >= 1"),
     "drafter.target_layer_ids": (_null_or(_int_list()), "a non-empty list of target layer ids >= 0, or null"),
     "drafter.seed": (_int(), "an int"),
+    "drafter.revision": (_null_or(lambda v: isinstance(v, str) and v != ""), "a hub branch, tag or commit, or null"),
     "drafter.head.init": (_one_of("auto", "random", "checkpoint"), "auto, random or checkpoint"),
     "drafter.head.gru_hidden": (_int(1), "an int >= 1"),
     "drafter.head.train.num_anchors": (_int(1), "an int >= 1"),

@@ -225,3 +225,25 @@ def test_flex_attention_gets_q_and_k_in_the_dtype_of_v(monkeypatch):
         flex = att(x, cos, sin, ctx, ctx, flex_mask(anchors, s, 4))
     assert seen == [(torch.bfloat16,) * 3]
     torch.testing.assert_close(flex.float(), dense.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_hub_checkpoint_is_downloaded_at_drafter_revision(zlab_dir, tiny_target, cfg_factory, monkeypatch):
+    """`drafter.revision` reaches snapshot_download (faked: tests never touch the hub) and run.json records it."""
+    import huggingface_hub
+    from omegaconf import OmegaConf
+
+    from specexp.drafters import dflash
+    from specexp.eval.evaluator import run_settings
+
+    calls = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda repo_id, revision=None, allow_patterns=None: calls.append((repo_id, revision))
+                        or str(zlab_dir))
+    cfg = OmegaConf.create({"init": "checkpoint", "checkpoint": "org/drafter", "revision": "a1b2c3d"})
+    assert dflash.build(cfg, tiny_target).max_drafts == 7
+    assert dflash.resolve_checkpoint("org/drafter") == zlab_dir
+    assert calls == [("org/drafter", "a1b2c3d"), ("org/drafter", None)]
+    with pytest.raises(UserError, match=r"drafter.revision='v1' pins a hub checkpoint.*local directory"):
+        dflash.resolve_checkpoint(str(zlab_dir), "v1")
+    cfg = cfg_factory("drafter.revision=v1")
+    assert run_settings(cfg, torch.device("cpu"))["drafter"]["revision"] == "v1"

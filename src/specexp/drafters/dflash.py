@@ -377,22 +377,28 @@ class DFlashDrafter:
         return out
 
 
-def resolve_checkpoint(path_or_id: str) -> Path:
-    """A local directory, or a hub repo id downloaded (config + safetensors only, never code)."""
+def resolve_checkpoint(path_or_id: str, revision: str | None = None) -> Path:
+    """A local directory, or a hub repo id downloaded (config + safetensors only, never code) at `revision`
+    (`drafter.revision`: a branch, tag or commit; None = the default branch). The returned snapshot directory
+    ends in the commit it holds, which training records as the backbone it started from."""
     p = Path(os.path.expanduser(path_or_id))
     in_repo = REPO_ROOT / path_or_id                 # committed mini checkpoints, from any working directory
+    local = p if p.exists() or path_or_id.startswith((".", "/", "~")) or path_or_id.count("/") != 1 else None
     if not p.exists() and not p.is_absolute() and in_repo.exists():
-        return in_repo
-    if p.exists() or path_or_id.startswith((".", "/", "~")) or path_or_id.count("/") != 1:
-        return p
+        local = in_repo
+    if local is not None:
+        check(revision is None, f"drafter.revision={revision!r} pins a hub checkpoint, but drafter.checkpoint="
+                                f"{path_or_id!r} is a local directory; set drafter.revision=null")
+        return local
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(path_or_id, allow_patterns=["config.json", "*.safetensors",
-                                                                  "model.safetensors.index.json"]))
+        return Path(snapshot_download(path_or_id, revision=revision,
+                                      allow_patterns=["config.json", "*.safetensors", "model.safetensors.index.json"]))
     except Exception as e:
+        at = f" at revision {revision!r}" if revision is not None else ""
         raise UserError(f"drafter.checkpoint={path_or_id!r}: not a local directory and not downloadable from the "
-                        f"hub ({type(e).__name__}); download it and pass the directory") from None
+                        f"hub{at} ({type(e).__name__}); download it and pass the directory") from None
 
 
 def check_fits(config: DFlashConfig, target, where: str) -> None:
@@ -428,7 +434,7 @@ def build(cfg, target) -> DFlashDrafter:
     elif init == "checkpoint":
         check(bool(cfg.get("checkpoint")), "drafter.init=checkpoint needs drafter.checkpoint=DIR (or a hub id); "
                                            "use drafter.init=random for a random-init drafter")
-        path = resolve_checkpoint(str(cfg.checkpoint))
+        path = resolve_checkpoint(str(cfg.checkpoint), cfg.get("revision"))
         model = DFlashDraftModel.from_pretrained(path)
         check_fits(model.config, target, f"drafter.checkpoint={str(cfg.checkpoint)!r}")
     else:

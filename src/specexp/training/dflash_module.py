@@ -101,7 +101,7 @@ def drafter_config(drafter, target) -> tuple[DFlashConfig, Path | None]:
     """The DFlash architecture to train: a checkpoint's (fine-tuning it) or a new one sized to the target."""
     if drafter.init == "checkpoint" or (drafter.init == "auto" and drafter.get("checkpoint")):
         where = f"drafter.checkpoint={str(drafter.checkpoint)!r}"
-        path = resolve_checkpoint(str(drafter.checkpoint))
+        path = resolve_checkpoint(str(drafter.checkpoint), drafter.get("revision"))
         model = DFlashDraftModel.from_pretrained(path, where=where)
         check_fits(model.config, target, where)
         return model.config, path

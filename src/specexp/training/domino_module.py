@@ -129,7 +129,7 @@ def plan(ctx) -> TrainPlan:
     ht = d.head.train
     check(bool(d.get("checkpoint")), "task=train drafter=domino_ft trains on a frozen DFlash drafter: set "
                                      "drafter.checkpoint=DIR (a DFlash-format checkpoint)")
-    bpath = resolve_checkpoint(str(d.checkpoint))
+    bpath = resolve_checkpoint(str(d.checkpoint), d.get("revision"))
     backbone = DFlashDraftModel.from_pretrained(bpath, dtype=target.dtype, device=target.device)
     c = domino.DominoConfig(target.hidden_size, target.vocab_size, d.head.gru_hidden, d.head.emb_dim, d.head.alignment)
     recipe = {**OmegaConf.to_container(ht, resolve=True),

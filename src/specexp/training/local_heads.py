@@ -229,7 +229,7 @@ def fusion_weights_plan(ctx) -> TrainPlan:
     check(bool(d.get("checkpoint")) and bool(d.head.get("checkpoint")),
           "drafter.head.train.part=fusion_weights needs trained parts: drafter.checkpoint=DIR and "
           "drafter.head.checkpoint=DIR")
-    bpath, hpath = resolve_checkpoint(str(d.checkpoint)), resolve_checkpoint(str(d.head.checkpoint))
+    bpath, hpath = resolve_checkpoint(str(d.checkpoint), d.get("revision")), resolve_checkpoint(str(d.head.checkpoint))
     fu = OmegaConf.to_container(ctx.fusion, resolve=True)
     ht = d.head.train
 
