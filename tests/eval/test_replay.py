@@ -5,8 +5,8 @@ import json
 
 import pytest
 import torch
-from helpers import OracleDrafter
 
+from helpers import OracleDrafter
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.errors import UserError
