@@ -51,7 +51,7 @@ def turn_seed(seed: int, sample_id: str, turn: int) -> int:
 
 
 def _record(sample, turn: int, prompt_len: int, spec: Generation, ar: Generation | None, text: str,
-            lossless: bool | None, save_text: bool, greedy: bool = False) -> dict:
+            lossless: bool | None, save_text: bool, round_metrics=None, greedy: bool = False) -> dict:
     rec = {
         "id": sample.id, "benchmark": sample.benchmark, "turn": turn, "prompt_tokens": prompt_len,
         "new_tokens": len(spec.tokens), "accept_lengths": spec.accept_lengths, "drafted": spec.drafted,
@@ -61,11 +61,8 @@ def _record(sample, turn: int, prompt_len: int, spec: Generation, ar: Generation
         "ar_tpot": metrics.tpot(ar.decode_s, ar.decode_tokens) if ar else None,
         "text_sha256": hashlib.sha256(text.encode()).hexdigest(), "lossless": lossless,
     }
-    if spec.rounds:                        # per-round drafter diagnostics (DEdit): passes and edit outcomes
-        rec["passes"] = [r["passes"] for r in spec.rounds]
-        if greedy:                         # the target's tokens are known exactly only under greedy decoding
-            rec["edit_outcomes"] = [metrics.edit_outcome(r["pre_edit"].tolist(), r["tokens"].tolist(), r["accepted"],
-                                                         r["bonus"]) for r in spec.rounds]
+    if spec.rounds and round_metrics is not None:      # the drafter's own per-round diagnostics, keys its own
+        rec.update(round_metrics.turn(spec.rounds, greedy))
     if save_text:
         rec["text"] = text
     return rec
@@ -80,8 +77,9 @@ def check_fits(target, sample_id: str, turn: int, prompt_len: int, dc: DecodeCon
           f"{dc.max_new_tokens} exceeds the target context of {target.max_context}; lower eval.max_new_tokens")
 
 
-def run_sample(target, drafter, sample, dc: DecodeConfig, ev, seed: int) -> list[dict]:
-    """All turns of one sample; each next user turn follows the model's own previous answer."""
+def run_sample(target, drafter, sample, dc: DecodeConfig, ev, seed: int, round_metrics=None) -> list[dict]:
+    """All turns of one sample; each next user turn follows the model's own previous answer. `round_metrics`:
+    the drafter's registry `metrics` (turns its per-round `info` into record fields), or None."""
     k = drafter.max_drafts if drafter is not None else 0
     messages, recs = [], []
     for turn, user in enumerate(sample.turns):
@@ -98,7 +96,8 @@ def run_sample(target, drafter, sample, dc: DecodeConfig, ev, seed: int) -> list
         compare = ev.check_lossless is True or (ev.check_lossless == "auto" and dc.protocol == "greedy")
         lossless = (spec.tokens == ar.tokens) if (ar is not None and compare) else None
         text = target.decode(spec.tokens)
-        recs.append(_record(sample, turn, len(ids), spec, ar, text, lossless, ev.save_text, dc.protocol == "greedy"))
+        recs.append(_record(sample, turn, len(ids), spec, ar, text, lossless, ev.save_text, round_metrics,
+                            dc.protocol == "greedy"))
         messages.append({"role": "assistant", "content": text})
     return recs
 
@@ -185,6 +184,7 @@ def run_eval(cfg, out_dir: Path) -> dict:
           f"{cfg.decoding.protocol}); at T>0 losslessness is a distribution-level property (tests/decoding)")
     target = registry.build_target(cfg.target, device)
     drafter = registry.build_drafter(cfg.drafter, target)
+    round_metrics = registry.drafter_entry(cfg.drafter.name).metrics
     dc = decode_config(cfg.decoding, ev, target)
     k = drafter.max_drafts if drafter is not None else 0
     for s in samples:                   # first turns only: later ones depend on the model's answers
@@ -203,7 +203,7 @@ def run_eval(cfg, out_dir: Path) -> dict:
         bar = tqdm(todo, desc=f"eval {cfg.drafter.name} on {target.name}", unit="sample",
                    disable=not ev.progress, dynamic_ncols=True)
         for sample in bar:
-            recs = run_sample(target, drafter, sample, dc, ev, cfg.seed)
+            recs = run_sample(target, drafter, sample, dc, ev, cfg.seed, round_metrics)
             store.append(recs)
             taus = [r["tau"] for r in recs if r["tau"] is not None]
             bar.set_postfix(bench=sample.benchmark, tau=f"{metrics.fmean(taus):.2f}" if taus else "–")
@@ -212,7 +212,7 @@ def run_eval(cfg, out_dir: Path) -> dict:
 
         wanted = {(s.benchmark, s.id) for s in samples}
         summary = summarize([r for r in store.records if (r["benchmark"], r["id"]) in wanted],
-                            list(cfg.benchmark.names), target, drafter, dc)
+                            list(cfg.benchmark.names), target, drafter, dc, round_metrics)
         md = summary_markdown(summary)
         write_json(out_dir / "summary.json", summary)
         write_text_atomic(out_dir / "summary.md", md)

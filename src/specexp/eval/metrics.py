@@ -13,12 +13,8 @@ Conventions (the same as the DFlash, DeLS-Spec and Domino papers):
 - Speedup = mean TPOT(AR) / mean TPOT(spec) over the same turns (a ratio of means), AR run through the
   same engine on the same prompts in the same process.
 - Macro over benchmarks: unweighted mean of the per-benchmark values.
-- Edits (DEdit, greedy decoding only, where the target's tokens are known exactly): a round is edited when
-  its proposal differs from its pass-0 draft within the verified positions. It is harmful when the pass-0
-  draft would have been accepted further than the edited one, helpful when less far, neutral otherwise.
-  The target's greedy tokens t_1..t_{n+1} after n accepted drafts are the accepted drafts and the bonus;
-  the pre-edit draft's accepted length is exact up to n, and "more than n" is all harmful needs.
-  Rates are per edited round. tau by passes = mean tokens committed by the rounds that ran that many passes.
+- Drafter-specific round metrics (e.g. DEdit's edit outcomes) are defined by the drafter itself
+  (its registry entry's `metrics`) and appear under their own keys; this module never reads them.
 """
 from __future__ import annotations
 
@@ -36,36 +32,6 @@ def turn_tau(accept_lengths: list[int]) -> float | None:
 def tau(records: list[dict]) -> float | None:
     taus = [t for t in (turn_tau(r["accept_lengths"]) for r in records) if t is not None]
     return fmean(taus) if taus else None
-
-
-def edit_outcome(pre: list[int], final: list[int], accepted: int, bonus: int) -> str:
-    """unedited | harmful | helpful | neutral, for one greedy round (see the module docstring)."""
-    if pre == final:
-        return "unedited"
-    truth = final[:accepted] + [bonus]                 # the target's own tokens at positions 1..accepted+1
-    n0 = 0
-    while n0 < min(len(pre), len(truth)) and pre[n0] == truth[n0]:
-        n0 += 1
-    return "harmful" if n0 > accepted else "helpful" if n0 < accepted else "neutral"
-
-
-def edit_summary(records: list[dict]) -> dict | None:
-    rounds = [(p, o, a) for r in records if r.get("passes") is not None
-              for p, o, a in zip(r["passes"], r.get("edit_outcomes") or [None] * len(r["passes"]), r["accept_lengths"])]
-    if not rounds:
-        return None
-    by_pass: dict[int, list[int]] = {}
-    for p, _, a in rounds:
-        by_pass.setdefault(p, []).append(a)
-    out = {"rounds": len(rounds), "tau_by_passes": {str(p): fmean(v) for p, v in sorted(by_pass.items())},
-           "rounds_by_passes": {str(p): len(v) for p, v in sorted(by_pass.items())}}
-    outcomes = [o for _, o, _ in rounds if o is not None]
-    if outcomes:
-        edited = [o for o in outcomes if o != "unedited"]
-        out |= {"edited": len(edited), **{o: edited.count(o) for o in ("harmful", "helpful", "neutral")},
-                "harmful_rate": edited.count("harmful") / len(edited) if edited else None,
-                "helpful_rate": edited.count("helpful") / len(edited) if edited else None}
-    return out
 
 
 def _steps(records):
@@ -125,7 +91,6 @@ def summarize_benchmark(records: list[dict], k_max: int) -> dict:
         "accept_rate_conditional": conditional_accept_rate(records, k_max),
         "tau_histogram": tau_histogram(records, k_max),
         "lossless_mismatches": sum(not x for x in lossless) if lossless else None,
-        **({"edits": e} if (e := edit_summary(records)) is not None else {}),
     }
 
 
