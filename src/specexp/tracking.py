@@ -116,6 +116,37 @@ def _reachable(url: str, timeout: float = 3.0) -> bool:
     return bool(ok)
 
 
+def hydra_sweep() -> dict | None:
+    """The Hydra multirun this job belongs to, as W&B groups it: {"name": the sweep (its config name, or its
+    directory's), "overrides": this job's command-line and swept values, "params": the sweep file's grid};
+    None outside a multirun. W&B runs use `name` as their group, so a sweep is one object there."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+    except (ValueError, ImportError):
+        return None
+    if hc.mode != RunMode.MULTIRUN:
+        return None
+    overrides = dict(o.lstrip("+~").split("=", 1) for o in hc.overrides.task if "=" in o)
+    params = {str(k): str(v) for k, v in (hc.sweeper.get("params") or {}).items()}
+    name = hc.job.config_name if hc.job.config_name not in (None, "config") else Path(hc.sweep.dir).name
+    return {"name": name, "overrides": overrides, "params": params}
+
+
+def wandb_run_args(config: dict, out_dir: Path) -> dict:
+    """group (the sweep), job_type (the task) and the config W&B runs get: the resolved config, `sweep` (its
+    swept keys) and `run_info` (DIR/run_info.json when written). Shared by eval runs and Lightning's logger."""
+    sweep = hydra_sweep()
+    info = Path(out_dir) / "run_info.json"
+    extra = {"sweep": sweep} if sweep else {}
+    if info.is_file():
+        extra["run_info"] = json.loads(info.read_text())
+    return {"group": sweep["name"] if sweep else None, "job_type": (config.get("task") or {}).get("name"),
+            "config": {**config, **extra}}
+
+
 class WandbLogger(NoLogger):
     def __init__(self, cfg, out_dir: Path, config: dict, name: str):
         import wandb
@@ -130,8 +161,8 @@ class WandbLogger(NoLogger):
             # wandb.init would retry for minutes and then raise; the run's results matter more than the dashboard
             _warn(f"W&B server {server} is unreachable; {offline}")
             mode = "offline"
-        kw = dict(project=cfg.project, entity=cfg.get("entity"), name=name, dir=str(out_dir), config=config,
-                  tags=list(cfg.get("tags") or []), reinit="finish_previous")
+        kw = dict(project=cfg.project, entity=cfg.get("entity"), name=name, dir=str(out_dir),
+                  tags=list(cfg.get("tags") or []), reinit="finish_previous", **wandb_run_args(config, out_dir))
         try:
             self.run = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=30), **kw)
         except Exception as e:                           # wandb's own error types (CommError, UsageError, ...)
@@ -144,13 +175,36 @@ class WandbLogger(NoLogger):
         self.run.log(metrics, step=step)
 
     def summary(self, summary):
-        cols = ["benchmark", "tau", "speedup", "tpot_ms", "tpot_ar_ms", "lossless_mismatches"]
-        table = self.wandb.Table(columns=cols)
+        """What the dashboards read (report/dashboard.py): per-benchmark summary keys and table, macro keys,
+        per-position acceptance (table + line plot, and its mean over benchmarks as `eval/macro/accept_k<k>`) and
+        the τ histogram (table + bar plot)."""
+        wandb = self.wandb
+        cols = ["benchmark", "tau", "tau_ci_lo", "tau_ci_hi", "speedup", "tpot_ms", "tpot_ar_ms", "ttft_ms",
+                "lossless_mismatches"]
+        table = wandb.Table(columns=cols)
+        acc = wandb.Table(columns=["benchmark", "position", "accepted", "accepted_given_previous"])
+        hist = [0] * (1 + max((len(b.get("tau_histogram") or []) for b in summary["benchmarks"].values()), default=0))
         for name, b in summary["benchmarks"].items():
-            table.add_data(name, *(b[c] for c in cols[1:]))
-            self.run.summary.update({f"eval/{name}/{k}": b[k] for k in ("tau", "speedup", "tpot_ms")})
+            ci = b.get("tau_ci95") or [None, None]
+            row = {**b, "tau_ci_lo": ci[0], "tau_ci_hi": ci[1]}
+            table.add_data(name, *(row.get(c) for c in cols[1:]))
+            self.run.summary.update({f"eval/{name}/{k}": row.get(k) for k in cols[1:]})
+            cond = b.get("accept_rate_conditional") or []
+            for k, p in enumerate(b.get("accept_rate_per_position") or []):
+                acc.add_data(name, k + 1, p, cond[k] if k < len(cond) else None)
+            for k, n in enumerate(b.get("tau_histogram") or []):
+                hist[k + 1] += n
         self.run.summary.update({f"eval/macro/{k}": v for k, v in summary["macro"].items()})
-        self.run.log({"eval/summary": table})
+        rates = [b.get("accept_rate_per_position") or [] for b in summary["benchmarks"].values()]
+        for k in range(max((len(r) for r in rates), default=0)):
+            vals = [r[k] for r in rates if k < len(r) and r[k] is not None]
+            self.run.summary[f"eval/macro/accept_k{k + 1}"] = sum(vals) / len(vals) if vals else None
+        tau_hist = wandb.Table(columns=["tokens_committed", "rounds"], data=[[k, n] for k, n in enumerate(hist) if k])
+        self.run.log({"eval/summary": table, "eval/acceptance": acc, "eval/tau_histogram": tau_hist,
+                      "eval/acceptance_curves": wandb.plot.line(acc, "position", "accepted", stroke="benchmark",
+                                                                title="P(draft k accepted) by benchmark"),
+                      "eval/tau_histogram_plot": wandb.plot.bar(tau_hist, "tokens_committed", "rounds",
+                                                                title="rounds by tokens committed")})
 
     def finish(self):
         self.run.finish()

@@ -141,7 +141,42 @@ class TrainPlan:
 
 
 # ------------------------------------------------------------------------------------------- Lightning
-def lightning_fit(train, logger, module, dataset, run_dir: Path, device: torch.device, epochs: int | None = None):
+def wandb_logger(logger, run_dir: Path, config: dict):
+    """Lightning's W&B logger with what the dashboards group by (tracking.wandb_run_args: group = the sweep,
+    job type = the task, config + run_info); offline unless a key or logger.mode says otherwise."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    from ..tracking import wandb_run_args
+
+    mode = logger.get("mode") or os.environ.get("WANDB_MODE") or (
+        "online" if os.environ.get("WANDB_API_KEY") else "offline")
+    # mode= goes to wandb.init as is (Lightning's offline=True would rewrite WANDB_MODE in the environment)
+    return WandbLogger(project=logger.project, entity=logger.get("entity"), save_dir=str(run_dir), mode=mode,
+                       tags=list(logger.get("tags") or []), **wandb_run_args(config, run_dir))
+
+
+def _throughput(device):
+    """A callback logging `train/throughput` (optimiser steps per second since its last log) and
+    `train/peak_memory_mb` every `log_every` steps (made here: lightning is imported on first use)."""
+    import lightning as L
+
+    class Throughput(L.Callback):
+        def __init__(self):
+            self.t, self.step = None, 0
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            now, step = time.perf_counter(), trainer.global_step
+            if self.t is not None and step > self.step and step % trainer.log_every_n_steps == 0:
+                pl_module.log_dict({"train/throughput": (step - self.step) / (now - self.t),
+                                    "train/peak_memory_mb": peak_memory_mb(device)}, batch_size=1)
+            if self.t is None or step % trainer.log_every_n_steps == 0:
+                self.t, self.step = now, step
+
+    return Throughput()
+
+
+def lightning_fit(train, logger, module, dataset, run_dir: Path, device: torch.device, epochs: int | None = None,
+                  wandb_config: dict | None = None, wandb_dir: Path | None = None):
     """Run Lightning on `module` over `dataset` (one sequence per batch) in `run_dir`, resuming from its last
     checkpoint. Returns (trainer, seconds, precision). The only place a Trainer is made."""
     import lightning as L
@@ -154,10 +189,12 @@ def lightning_fit(train, logger, module, dataset, run_dir: Path, device: torch.d
     loader = torch.utils.data.DataLoader(dataset, batch_size=1, sampler=sampler, collate_fn=lambda xs: xs[0],
                                          generator=torch.Generator())
     loggers = [CSVLogger(str(run_dir), name="logs")]   # a resumed run logs to the next version_N, keeping the old
+    callbacks = []
     if logger is not None and logger.name == "wandb":
-        from lightning.pytorch.loggers import WandbLogger
+        loggers.append(wandb_logger(logger, Path(wandb_dir or run_dir), wandb_config or {}))
+        from lightning.pytorch.callbacks import LearningRateMonitor
 
-        loggers.append(WandbLogger(project=logger.project, save_dir=str(run_dir), offline=True))
+        callbacks = [LearningRateMonitor(logging_interval="step"), _throughput(device)]
     precision = tc.precision if tc.precision != "auto" else ("bf16-mixed" if device.type == "cuda" else "32-true")
     ckpt_dir = run_dir / "checkpoints"
     trainer = L.Trainer(
@@ -166,7 +203,7 @@ def lightning_fit(train, logger, module, dataset, run_dir: Path, device: torch.d
         gradient_clip_val=tc.grad_clip, accumulate_grad_batches=tc.accumulate, logger=loggers,
         log_every_n_steps=tc.log_every,
         callbacks=[ModelCheckpoint(dirpath=str(ckpt_dir), save_last=True, save_top_k=0,
-                                   every_n_train_steps=tc.ckpt_every), ResumeState(sampler)],
+                                   every_n_train_steps=tc.ckpt_every), ResumeState(sampler), *callbacks],
         enable_progress_bar=True, enable_model_summary=False, default_root_dir=str(run_dir),
     )
     last = last_checkpoint(ckpt_dir)
@@ -238,12 +275,14 @@ def run_train(cfg, out_dir) -> dict:
     run_dir = stage_dir(ctx.stages, plan.kind, {**plan.payload, "data": ctx.data_hash})
     run_dir.mkdir(parents=True, exist_ok=True)
     artifact = run_dir / "artifact"
+    trainer = None                                    # set when this call trains (a reused stage logs nothing)
     if (run_dir / "train.json").exists() and artifact.is_dir():
         result = json.loads((run_dir / "train.json").read_text())
         print(f"specexp: reusing {artifact}", flush=True)
     else:
         module = plan.module()
-        trainer, seconds, precision = lightning_fit(tc, cfg.logger, module, plan.dataset, run_dir, device, plan.epochs)
+        trainer, seconds, precision = lightning_fit(tc, cfg.logger, module, plan.dataset, run_dir, device, plan.epochs,
+                                                    OmegaConf.to_container(cfg, resolve=True), out_dir)
         tmp = run_dir / "artifact.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -279,9 +318,30 @@ def run_train(cfg, out_dir) -> dict:
         write_text_atomic(final / "README.md", card_markdown(card))
     write_json(out_dir / "train_summary.json", card)
     _link(out_dir, final)
+    if trainer is not None:
+        _wandb_finish(trainer, card, final)
     print(f"specexp: trained {plan.kind}: {final} ({result['steps']} steps, {result['train_seconds']:.0f} s, "
           f"peak {result['peak_memory_mb']:.0f} MiB)", flush=True)
     return card
+
+
+def _wandb_finish(trainer, card: dict, final: Path) -> None:
+    """The training cost as W&B summary keys (the Table 5 dashboard) and the exported checkpoint with its card as
+    an artifact, when Lightning logged to W&B."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    for lg in trainer.loggers:
+        if isinstance(lg, WandbLogger):
+            import wandb
+
+            run = lg.experiment
+            run.summary.update({f"train/{k}": card[k] for k in ("steps", "train_seconds", "peak_memory_mb",
+                                                                 "trainable_params") if k in card})
+            art = wandb.Artifact(f"{card['kind']}-{Path(card['run_dir']).name}", type="model",
+                                 metadata={k: v for k, v in card.items() if k not in ("train", "final_metrics")})
+            art.add_dir(str(final))
+            run.log_artifact(art)
+            run.finish()
 
 
 def run_regenerate(cfg, out_dir) -> dict:

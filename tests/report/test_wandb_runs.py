@@ -1,0 +1,95 @@
+"""W&B runs carry what the dashboards read (report/dashboard.py docstring), offline: eval runs (job type, config +
+run_info, per-benchmark keys, acceptance and τ-histogram tables and plots), multirun jobs (group = the sweep, the
+swept keys in config) and training runs (Lightning's W&B logger, cost keys, the checkpoint as an artifact)."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+from hydra.core.global_hydra import GlobalHydra
+
+wandb = pytest.importorskip("wandb")
+from wandb.sdk import wandb_run  # noqa: E402
+
+SMALL = ["target=tiny_qwen3", "drafter.init=random", "benchmark=gsm8k", "eval.num_samples=1",
+         "eval.max_new_tokens=6", "eval.warmup=0", "eval.progress=false", "device=cpu", "logger=wandb"]
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Offline W&B; records every wandb.init's arguments, each run's summary at finish and logged artifacts."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    seen = {"init": [], "summary": [], "artifacts": [], "logged": set()}
+    init, finish, log_artifact, log = wandb.init, wandb_run.Run.finish, wandb_run.Run.log_artifact, wandb_run.Run.log
+
+    def spy_init(*a, **kw):
+        seen["init"].append(kw)
+        return init(*a, **kw)
+
+    def spy_finish(self, *a, **kw):
+        seen["summary"].append(dict(self.summary))
+        return finish(self, *a, **kw)
+
+    def spy_artifact(self, art, *a, **kw):
+        seen["artifacts"].append((art.name, art.type, sorted(art.manifest.entries)))
+        return log_artifact(self, art, *a, **kw)
+
+    def spy_log(self, data, *a, **kw):
+        seen["logged"].update(data)
+        return log(self, data, *a, **kw)
+
+    monkeypatch.setattr(wandb, "init", spy_init)
+    monkeypatch.setattr(wandb_run.Run, "finish", spy_finish)
+    monkeypatch.setattr(wandb_run.Run, "log_artifact", spy_artifact)
+    monkeypatch.setattr(wandb_run.Run, "log", spy_log)
+    return seen
+
+
+@pytest.mark.slow
+def test_eval_run_logs_the_dashboard_keys(spy, cfg_factory, tmp_path):
+    from specexp.eval import evaluator
+
+    evaluator.run_eval(cfg_factory(*SMALL), tmp_path)
+    (kw,) = spy["init"]
+    assert kw["job_type"] == "eval" and kw["group"] is None and kw["config"]["run_info"]["git"]
+    summary = spy["summary"][-1]
+    for key in ("eval/gsm8k/tau", "eval/gsm8k/tau_ci_lo", "eval/gsm8k/ttft_ms", "eval/gsm8k/lossless_mismatches",
+                "eval/macro/tau", "eval/macro/accept_k1"):
+        assert key in summary, key
+    assert {"eval/summary", "eval/acceptance", "eval/tau_histogram", "eval/acceptance_curves",
+            "eval/tau_histogram_plot"} <= spy["logged"]
+    assert any((tmp_path / "wandb").glob("offline-run-*/*.wandb"))
+
+
+@pytest.mark.slow
+def test_multirun_jobs_are_one_group_with_the_swept_keys(spy, tmp_path, monkeypatch):
+    from specexp.__main__ import main
+
+    GlobalHydra.instance().clear()
+    monkeypatch.setattr(sys, "argv", ["specexp", "-m", *SMALL, "eval.max_new_tokens=4,5",
+                                      f"hydra.sweep.dir={tmp_path / 'my_sweep'}"])
+    try:
+        main()
+    finally:
+        GlobalHydra.instance().clear()
+    assert [kw["group"] for kw in spy["init"]] == ["my_sweep", "my_sweep"]
+    assert [kw["config"]["sweep"]["overrides"]["eval.max_new_tokens"] for kw in spy["init"]] == ["4", "5"]
+
+
+@pytest.mark.slow
+def test_training_logs_through_lightning_and_stores_the_checkpoint(spy, cfg_factory, tmp_path, monkeypatch):
+    from specexp.training import pipeline
+
+    monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path / "cache"))
+    cfg = cfg_factory("task=train", "train=smoke", "data=smoke", "train.max_steps=4", "train.log_every=2",
+                      "logger=wandb", f"paths.cache={tmp_path / 'cache'}")
+    pipeline.run_train(cfg, tmp_path / "run")
+    (kw,) = spy["init"]
+    assert kw["job_type"] == "train" and kw["config"]["drafter"]["name"] == "dflash"
+    summary = spy["summary"][-1]
+    assert summary["train/steps"] == 4 and summary["train/train_seconds"] > 0
+    assert "train/loss" in summary and "train/throughput" in summary and any(k.startswith("lr-") for k in summary)
+    ((name, kind, files),) = spy["artifacts"]
+    assert kind == "model" and "model.safetensors" in files and "card.json" in files
+    assert any((tmp_path / "run" / "wandb").glob("offline-run-*/*.wandb"))
