@@ -19,12 +19,12 @@ from __future__ import annotations
 import zlib
 
 import torch
-import torch.nn.functional as F
 
 from ..drafters.dedit import EDITORS
 from ..errors import check, one_of
 from .anchors import build_blocks, dense_mask, flex_mask, leading_correct, sample_anchors
 from .dflash_module import DFlashLitModule, backbone_plan
+from .losses import chunked_ce
 
 MIXES = ("confidence_threshold", "confidence_sample", "plain")
 
@@ -59,21 +59,20 @@ class DEditLitModule(DFlashLitModule):
         # pass 0: the DFlash objective
         h0 = self.model(self.target.embed_tokens(blk.noise_ids)[None], blk.positions[None], ctx_kv,
                         make(anchors, s, b))[0]                                                # [Q, H]
-        l0 = self.target.lm_head(h0[sel]).float()                                              # [M, V]
-        loss0 = (F.cross_entropy(l0, labels, reduction="none") * w).sum() / (w.sum() + 1e-6)
-        # ProposalMix: the edit input from the first pass's own proposals, no gradient through them
+        ce0, prop, conf = chunked_ce(self.target.lm_head, [h0[sel]], labels)                  # [M] each
+        loss0 = (ce0 * w).sum() / (w.sum() + 1e-6)
+        # ProposalMix: the edit input from the first pass's own proposals (argmax, max probability), no gradient
         with torch.no_grad():
-            conf, prop = torch.softmax(l0, -1).max(-1)                                         # [M]
             keep = self.keep_proposal(conf, g)                                                 # [M]
             edit_in = blk.labels.clone()                                                       # [Q] x_a, x_{a+1}, ..
             edit_in[sel] = torch.where(keep, prop, labels)
         h1 = self.model(self.target.embed_tokens(edit_in)[None], blk.positions[None], ctx_kv,
                         make(anchors, s, b, causal=self.causal))[0]                            # [Q, H]
-        l1 = self.target.lm_head(h1[sel]).float()                                              # [M, V]
-        loss1 = (F.cross_entropy(l1, labels, reduction="none") * w).sum() / (w.sum() + 1e-6)
+        ce1, pred1, _ = chunked_ce(self.target.lm_head, [h1[sel]], labels)                   # [M] each
+        loss1 = (ce1 * w).sum() / (w.sum() + 1e-6)
         loss = loss0 + self.edit_weight * loss1
         with torch.no_grad():
-            ok0, ok1 = prop == labels, l1.argmax(-1) == labels                                 # [M]
+            ok0, ok1 = prop == labels, pred1 == labels                                       # [M]
             wrong_in, right_in = keep & ~ok0, keep & ok0
             correct = torch.zeros_like(sel)
             correct[sel] = ok0

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from ..drafters.dflash import (
@@ -25,6 +24,7 @@ from ..drafters.dflash import (
     resolve_checkpoint,
 )
 from .anchors import adamw_cosine, build_blocks, default_gamma, dense_mask, flex_mask, leading_correct, sample_anchors
+from .losses import chunked_ce
 from .pipeline import TrainPlan
 
 
@@ -56,13 +56,12 @@ class DFlashLitModule(L.LightningModule):
         x = self.target.embed_tokens(blk.noise_ids)[None]                                      # [1, Q, H]
         h = self.model(x, blk.positions[None], ctx_kv, mask)[0]                                # [Q, H]
         sel = blk.weights > 0                                                                  # [Q]
-        logits = self.target.lm_head(h[sel])                                                   # [M, V]
-        ce = F.cross_entropy(logits.float(), blk.labels[sel], reduction="none")               # [M]
+        ce, pred, _ = chunked_ce(self.target.lm_head, [h[sel]], blk.labels[sel])              # [M] each
         w = blk.weights[sel]
         loss = (ce * w).sum() / (w.sum() + 1e-6)
         with torch.no_grad():
             correct = torch.zeros_like(sel)
-            correct[sel] = logits.argmax(-1) == blk.labels[sel]
+            correct[sel] = pred == blk.labels[sel]
             k = torch.arange(c.block_size, device=dev).repeat(anchors.numel())                  # [Q]
             acc = {f"acc_k{j}": correct[sel & (k == j)].float().mean() for j in range(1, c.block_size)
                    if (sel & (k == j)).any()}

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from ..drafters import domino
 from ..drafters.dflash import DFlashDraftModel, resolve_checkpoint
 from ..errors import check
 from .anchors import adamw_cosine, dense_mask, flex_mask, sample_anchors
+from .losses import chunked_ce
 from .pipeline import TrainPlan
 
 
@@ -88,17 +88,20 @@ class DominoLitModule(L.LightningModule):
         sel = w > 0
         if not sel.any():
             return None, {}
-        base = t.lm_head(hidden[sel]).float()                                                      # [M, V]
-        corr = self.head.correction(hidden[sel], states[sel]).float()
-        final = base + corr * corrected[sel][:, None]                                              # first row: base
-        ws = w[sel]
-        ce_final = (F.cross_entropy(final, labels[sel], reduction="none") * ws).sum() / ws.sum()
-        ce_base = (F.cross_entropy(base, labels[sel], reduction="none") * ws).sum() / ws.sum()
+
+        def final(h, s, c):                      # [m, V]: base logits + the head's correction (first row: base)
+            return t.lm_head(h).float() + self.head.correction(h, s).float() * c[:, None]
+
+        rows, y, ws = [hidden[sel], states[sel], corrected[sel]], labels[sel], w[sel]
+        ce_f, pred_f, _ = chunked_ce(final, rows, y)                                               # [M] each
+        ce_b, pred_b, _ = chunked_ce(t.lm_head, rows[:1], y)                                       # [M] each
+        ce_final = (ce_f * ws).sum() / ws.sum()
+        ce_base = (ce_b * ws).sum() / ws.sum()
         lam = lambda_at(step, total, self.lambda_start, self.lambda_decay_ratio)
         loss = (1 - lam) * ce_final + lam * ce_base
         with torch.no_grad():
-            acc_final = (final.argmax(-1) == labels[sel]).float().mean()
-            acc_base = (base.argmax(-1) == labels[sel]).float().mean()
+            acc_final = (pred_f == y).float().mean()
+            acc_base = (pred_b == y).float().mean()
         return loss, {"ce_final": ce_final.detach(), "ce_base": ce_base.detach(), "lambda": lam,
                       "acc_final": acc_final, "acc_base": acc_base}
 

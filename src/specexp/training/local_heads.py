@@ -15,7 +15,6 @@ from pathlib import Path
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from ..drafters import dels
@@ -24,6 +23,7 @@ from ..errors import check, one_of
 from ..tracking import write_json
 from .anchors import adamw_cosine, sample_anchors
 from .dflash_module import drafter_config
+from .losses import chunked_ce
 from .pipeline import TrainPlan, context, target_fingerprint
 
 
@@ -63,11 +63,10 @@ class LocalHeadLitModule(L.LightningModule):
         inp, tgt, w = rows
         hidden = self.head.hidden(self.target.embed_tokens(inp))                        # [N, L, H]
         sel = w > 0
-        logits = self.target.lm_head(hidden[sel])                                      # [M, V]
-        ce = F.cross_entropy(logits.float(), tgt[sel], reduction="none")               # [M]
+        ce, pred, _ = chunked_ce(self.target.lm_head, [hidden[sel]], tgt[sel])         # [M] each
         loss = (ce * w[sel]).sum() / w[sel].sum()
         with torch.no_grad():
-            correct = logits.argmax(-1) == tgt[sel]
+            correct = pred == tgt[sel]
             m = {"acc": correct.float().mean(), "tokens": float(sel.sum())}
             if self.head.config.kind == "rnn":
                 k = torch.arange(inp.shape[1], device=ids.device).expand_as(inp)[sel]
@@ -196,12 +195,18 @@ class FusionWeightsLitModule(L.LightningModule):
         with torch.no_grad():
             ctx = backbone.context_kv(taps[None].to(backbone.fc.weight.dtype), torch.arange(s, device=dev)[None])
             h = backbone(t.embed_tokens(blk.noise_ids)[None], blk.positions[None], ctx, dense_mask(anchors, s, b))
-            long = t.lm_head(h[0].view(-1, b, h.shape[-1])[:, 2:]).float()                        # [n, B-2, V]
+            long = h[0].view(-1, b, h.shape[-1])[:, 2:]                                             # [n, B-2, H]
             prev = ids[(anchors[:, None] + 1 + torch.arange(b - 2, device=dev)).clamp(max=s - 1)]   # [n, B-2]
-            short = t.lm_head(head.hidden(t.embed_tokens(prev))).float()                            # [n, B-2, V]
-        fused = long + self.alpha[:, None] * short - self.beta[:, None] * lp.to(dev).float()       # [n, B-2, V]
+            short = head.hidden(t.embed_tokens(prev))                                               # [n, B-2, H]
+        j = torch.arange(b - 2, device=dev).expand_as(w)                                            # [n, B-2]
+        log_prior = lp.to(dev).float()                                                              # [V]
+
+        def fused(hl, hs, k):                    # [m, V]: the fused logits of rows at draft positions k + 2
+            return (t.lm_head(hl).float() + self.alpha[k, None] * t.lm_head(hs).float()
+                    - self.beta[k, None] * log_prior)
+
         sel = w > 0
-        ce = F.cross_entropy(fused[sel], blk.labels.view(-1, b)[:, 2:][sel], reduction="none")
+        ce, _, _ = chunked_ce(fused, [long[sel], short[sel], j[sel]], blk.labels.view(-1, b)[:, 2:][sel])
         return (ce * w[sel]).sum() / w[sel].sum()
 
     def training_step(self, batch, batch_idx):
