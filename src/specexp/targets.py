@@ -173,9 +173,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
-    """The keyword `model.forward` takes its KV cache by: `cache` (transformers >= 5.24, which still accepts
-    the deprecated `past_key_values`) or `past_key_values` (earlier 5.x). Read once from the signature, so
-    every call passes the name the installed version expects."""
+    """The keyword `model.forward` takes its KV cache by: `cache` (transformers 5.24, which still accepts the
+    deprecated `past_key_values`) or `past_key_values` (5.17). Read once from the signature, so every call
+    passes the name the installed version declares (an undeclared one would be swallowed by `**kwargs`)."""
     params = inspect.signature(model.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
