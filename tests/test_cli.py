@@ -12,7 +12,7 @@ from specexp.cli import groups
 from specexp.errors import UserError
 from specexp.eval import evaluator
 
-CONTRACT = {"num_samples", "tau", "speedup", "tpot_ms", "tpot_ar_ms", "accept_rate_per_position",
+CONTRACT = {"num_samples", "tau", "tau_ci95", "speedup", "tpot_ms", "tpot_ar_ms", "accept_rate_per_position",
             "tau_histogram", "lossless_mismatches"}
 
 
@@ -35,7 +35,8 @@ def test_issue_command_writes_the_contract(tmp_path):
     g = s["benchmarks"]["gsm8k"]
     assert CONTRACT <= set(g) and g["num_samples"] == 3 and g["lossless_mismatches"] == 0
     assert len(g["accept_rate_per_position"]) == 15 and len(g["tau_histogram"]) == 16
-    assert 1.0 <= g["tau"] <= 16 and g["speedup"] > 0 and set(s["macro"]) == {"tau", "speedup"}
+    assert 1.0 <= g["tau"] <= 16 and g["speedup"] > 0 and set(s["macro"]) == {"tau", "tau_ci95", "speedup"}
+    assert s["mode"] == "online" and g["tau_ci95"][0] <= g["tau"] <= g["tau_ci95"][1]
     recs = [json.loads(x) for x in (d / "samples.jsonl").read_text().splitlines()]
     assert len(recs) == 3 and all(r["lossless"] for r in recs)
     keys = {"id", "benchmark", "new_tokens", "accept_lengths", "tpot", "ar_tpot", "text_sha256", "lossless"}
