@@ -41,7 +41,7 @@ def make_inputs(tmp: Path) -> list[Path]:
             job.mkdir(parents=True)
             (job / "summary.json").write_text(json.dumps(summary("dels", 1.0 + a + b / 10)))
             (job / "config.yaml").write_text(f"fusion:\n  alpha: {a}\n  beta: {b}\n  kernel: auto\npaths:\n"
-                                             f"  out: {job}\n")
+                                             f"  out: {job}\ndrafter:\n  fusion:\n    alpha: {a}\n")
     stage = tmp / "stage"
     (stage / "logs" / "version_0").mkdir(parents=True)
     (stage / "logs" / "version_0" / "metrics.csv").write_text(
@@ -59,7 +59,7 @@ def test_collect_sorts_the_directories_and_finds_the_swept_keys(tmp_path):
     inputs = page.collect(make_inputs(tmp_path))
     assert list(inputs.runs) == ["drafter_a"]
     (sw,) = inputs.sweeps
-    assert sw.keys == ["fusion.alpha", "fusion.beta"]                       # paths.* differ too, but are not swept
+    assert sw.keys == ["fusion.alpha", "fusion.beta"]      # paths.* differ too, drafter.fusion.alpha is a copy
     assert [v for v, _, _ in sw.jobs] == [(0.0, 0.0), (0.0, 1.0), (0.5, 0.0), (0.5, 1.0)]
     (t,) = inputs.trainings
     assert [r["step"] for r in t.rows] == [4.0, 9.0] and t.rows[1]["train/loss"] == 7.25

@@ -75,12 +75,19 @@ def _job_dirs(d: Path) -> list[Path]:
 
 def load_sweep(d: Path, name: str) -> Sweep:
     """The jobs of a multirun directory and the config keys that differ between them (`paths.*` excluded: where a
-    job wrote is not what it measured). Without config.yaml files the job's directory name is the swept value."""
+    job wrote is not what it measured; of keys always equal, the shortest). Without config.yaml files the job's
+    directory name is the swept value."""
     jobs = _job_dirs(d)
     cfgs = [_flat(yaml.safe_load((j / "config.yaml").read_text())) if (j / "config.yaml").is_file() else {}
             for j in jobs]
-    keys = sorted({k for c in cfgs for k in c if not k.startswith("paths.")
-                   and len({json.dumps(x.get(k), sort_keys=True, default=str) for x in cfgs}) > 1})
+    column = lambda k: json.dumps([x.get(k) for x in cfgs], sort_keys=True, default=str)          # noqa: E731
+    varying = sorted({k for c in cfgs for k in c if not k.startswith("paths.")
+                      and len({json.dumps(x.get(k), sort_keys=True, default=str) for x in cfgs}) > 1})
+    # A value copied into another group (drafter.fusion.alpha = ${fusion.alpha}) is one swept key: the shortest name
+    by_column: dict[str, str] = {}
+    for k in sorted(varying, key=lambda k: (k.count("."), k)):
+        by_column.setdefault(column(k), k)
+    keys = sorted(by_column.values())
     sweep = Sweep(name, d, keys or ["job"])
     for j, c in zip(jobs, cfgs):
         values = tuple(c.get(k) for k in keys) if keys else (j.name,)
