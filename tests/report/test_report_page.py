@@ -110,3 +110,9 @@ def test_headless_chromium_loads_every_figure(tmp_path, cfg_factory):
     assert f"{cell['benchmarks']['gsm8k']['tpot_ms']:.1f}" in dom
     card = json.loads((ROOT / "checkpoints" / "mini" / "smollm2_135m-dels-rnn" / "card.json").read_text())
     assert f"{card['trainable_params']:,d}" in dom
+
+
+def test_no_runs_is_one_line(tmp_path, cfg_factory):
+    with pytest.raises(UserError, match=r"report.runs is empty; give one or more run or sweep directories") as e:
+        page.run_report(cfg_factory("task=report"), tmp_path)
+    assert "\n" not in str(e.value) and not (tmp_path / "index.html").exists()
