@@ -48,7 +48,7 @@ def test_protocol_b_keeps_the_target_distribution(cfg_factory, name):
         key = tuple(out.tokens[:steps])
         counts[key] = counts.get(key, 0) + 1
         accepted += sum(a - 1 for a in out.accept_lengths)
-    assert accepted > n_runs // 4, accepted         # drafts are accepted: the test exercises acceptance
+    assert accepted > n_runs // 20, accepted        # drafts are accepted: the test exercises acceptance
     pvalue = chi2_pvalue(exact_sequence_probs(t, [0, 1], steps, temp), counts, n_runs)
     assert pvalue > 1e-3, (name, pvalue)
 
