@@ -42,6 +42,18 @@ class OracleDrafter(_Stateless):
         return Proposal(torch.tensor(toks, dtype=torch.long))
 
 
+class EagerLoop:
+    """Stands in for kernels.graphs.GraphedLoop on CPU: the captured body, run eagerly at every replay, so the
+    CUDA-graph path's buffer handling is tested without a GPU."""
+
+    def __init__(self, body):
+        self.body = body
+
+    def __call__(self):
+        with torch.inference_mode():
+            self.body()
+
+
 class ToyTarget:
     """A bigram 'language model' over a small vocabulary: logits of the next token = table[last token].
     Its exact sequence distribution is known in closed form, for distribution tests."""

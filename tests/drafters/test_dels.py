@@ -4,7 +4,7 @@ inference path), alpha = beta = 0 gives DFlash's drafts, and bad fusion weights 
 import pytest
 import torch
 
-from helpers import ToyTarget, _Stateless, chi2_pvalue_against_toy
+from helpers import EagerLoop, ToyTarget, _Stateless, chi2_pvalue_against_toy
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters import dels
@@ -194,15 +194,7 @@ def test_graph_replay_path_on_cpu(monkeypatch, backend):
     replaced by a plain call of the same body: it must draft exactly what the eager loop drafts."""
     from specexp.kernels import graphs
 
-    class Eager:
-        def __init__(self, body):
-            self.body = body
-
-        def __call__(self):
-            with torch.inference_mode():
-                self.body()
-
-    monkeypatch.setattr(graphs, "GraphedLoop", Eager)
+    monkeypatch.setattr(graphs, "GraphedLoop", EagerLoop)
     V, K = 300, 6
     g = torch.Generator().manual_seed(5)
     head, embed, lm = _head("rnn", V)

@@ -4,7 +4,7 @@ protocol B keeps the target distribution, the CUDA-graph path's buffers, and one
 import pytest
 import torch
 
-from helpers import ToyTarget, _Stateless, chi2_pvalue_against_toy
+from helpers import EagerLoop, ToyTarget, _Stateless, chi2_pvalue_against_toy
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters import domino
@@ -154,15 +154,7 @@ def test_graph_replay_path_on_cpu(monkeypatch, backend):
     from specexp.drafters.base import Sampling
     from specexp.kernels import graphs
 
-    class Eager:
-        def __init__(self, body):
-            self.body = body
-
-        def __call__(self):
-            with torch.inference_mode():
-                self.body()
-
-    monkeypatch.setattr(graphs, "GraphedLoop", Eager)
+    monkeypatch.setattr(graphs, "GraphedLoop", EagerLoop)
     head, embed, bb = _toy(300, B=7, seed=4)
     eager = domino.DominoDrafter(bb, head, embed, 2.0, backend, False)
     graphed = domino.DominoDrafter(bb, head, embed, 2.0, backend, False)

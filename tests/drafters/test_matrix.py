@@ -7,7 +7,7 @@ Drafter-specific behaviour (fusion formulas, edit rules, alignments, kernels) is
 import pytest
 import torch
 
-from helpers import STRONG, chi2_pvalue, exact_sequence_probs, micro_target
+from helpers import STRONG, EagerLoop, chi2_pvalue, exact_sequence_probs, micro_target
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 
@@ -60,15 +60,7 @@ def test_graph_replay_equals_eager(cfg_factory, tiny_target, monkeypatch, name):
     call of the same body; a drafter without a graph path is skipped."""
     from specexp.kernels import graphs
 
-    class Eager:
-        def __init__(self, body):
-            self.body = body
-
-        def __call__(self):
-            with torch.inference_mode():
-                self.body()
-
-    monkeypatch.setattr(graphs, "GraphedLoop", Eager)
+    monkeypatch.setattr(graphs, "GraphedLoop", EagerLoop)
     t = tiny_target
     eager, graphed = build(cfg_factory, t, name), build(cfg_factory, t, name)
     if not hasattr(graphed, "graphs"):
