@@ -417,7 +417,7 @@ RUN_FILES = ("samples.jsonl", "summary.json", "summary.md", "config.yaml", "run_
              "metrics.csv", "summary.csv", "train_summary.json", "data.json")
 # Faults of the machine rather than of the program: one line, no traceback.
 ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EISDIR,
-                      errno.ENOTDIR, errno.ENAMETOOLONG}
+                      errno.ENOTDIR, errno.ENAMETOOLONG, errno.EFBIG}      # EFBIG: a file-size limit (ulimit -f)
 
 
 def check_run_dir(out_dir) -> None:
