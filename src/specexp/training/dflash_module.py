@@ -15,6 +15,7 @@ import lightning as L
 import torch
 from omegaconf import OmegaConf
 
+from .. import checkpoints as ckpt
 from ..drafters.dflash import (
     DFlashConfig,
     DFlashDraftModel,
@@ -101,9 +102,9 @@ def drafter_config(drafter, target) -> tuple[DFlashConfig, Path | None]:
     if drafter.init == "checkpoint" or (drafter.init == "auto" and drafter.get("checkpoint")):
         where = f"drafter.checkpoint={str(drafter.checkpoint)!r}"
         path = resolve_checkpoint(str(drafter.checkpoint), drafter.get("revision"))
-        model = DFlashDraftModel.from_pretrained(path, where=where)
-        check_fits(model.config, target, where)
-        return model.config, path
+        config = DFlashConfig.from_dict(ckpt.read_config(path, where))    # the weights load when training runs
+        check_fits(config, target, where)
+        return config, path
     ids = list(drafter.target_layer_ids) if drafter.get("target_layer_ids") else \
         build_target_layer_ids(target.num_layers, drafter.num_layers)
     return DFlashConfig.for_target(target, drafter.num_layers, drafter.block_size, ids), None

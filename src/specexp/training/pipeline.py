@@ -31,6 +31,7 @@ import torch
 from omegaconf import OmegaConf
 
 from .. import registry
+from ..checkpoints import replace_atomic
 from ..errors import check
 from ..targets import cache_root, resolve_device
 from ..tracking import write_json, write_text_atomic
@@ -299,8 +300,7 @@ def run_train(cfg, out_dir) -> dict:
         final.mkdir(parents=True, exist_ok=True)
         for f in sorted(artifact.iterdir()):          # the artifact's files only: what else is there stays
             if f.is_file():
-                shutil.copy2(f, final / f".{f.name}.tmp")
-                os.replace(final / f".{f.name}.tmp", final / f.name)
+                replace_atomic(final / f.name, lambda tmp, f=f: shutil.copy2(f, tmp))
     card = {**result, "kind": plan.kind, "title": plan.title, "facts": plan.facts,
             "command": "python -m specexp " + " ".join(sys.argv[1:]), "data_hash": ctx.data_hash,
             "sequences": len(ctx.seqs), "response_tokens": ctx.response_tokens, "target": ctx.target.name,
