@@ -273,6 +273,9 @@ RULES = {
     "data.features": (_one_of("cache", "online"), "cache or online"),
     "data.feature_dtype": (_one_of(*DTYPES), ", ".join(DTYPES)),
     "data.shard_tokens": (_int(1), "an int >= 1"),
+    "data.regen_import": (lambda v: v is None or isinstance(v, str) and _packed_regen(v),
+                          "null or a directory written by data.regen_export (manifest.json + tokens.npy)"),
+    "data.regen_export": (_null_or(lambda v: isinstance(v, str) and v != ""), "null or a directory path"),
     "data.regen.batch_size": (_int(1), "an int >= 1"),
     "data.regen.max_new_tokens": (_int(1), "an int >= 1"),
     "data.regen.temperature": (_num(0), "a finite number >= 0"),
@@ -295,6 +298,12 @@ RULES = {
     "train.precision": (lambda v: v in ("auto", *PRECISIONS) and not isinstance(v, bool),
                         "auto or a Lightning precision (" + ", ".join(PRECISIONS[:6]) + ", or 32, 16, 64, bf16)"),
 }
+
+
+def _packed_regen(v: str) -> bool:
+    from .training.data import repo_path
+
+    return (repo_path(v) / "manifest.json").is_file() and (repo_path(v) / "tokens.npy").is_file()
 
 
 def _target_layers(t: dict) -> int | None:
@@ -509,3 +518,5 @@ class DataConfig(_FromCfg):
     feature_dtype: str = "bfloat16"
     shard_tokens: int = 65536
     corpus_dir: str | None = None
+    regen_import: str | None = None
+    regen_export: str | None = None

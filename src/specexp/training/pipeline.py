@@ -63,6 +63,9 @@ def prepare_sequences(data, target_cfg, target, stages: Path) -> tuple[list[D.Se
         out = stage / "regen.jsonl"
         if not (stage / "DONE").exists():
             t0 = time.perf_counter()
+            if data.get("regen_import"):
+                n = D.import_regen(data.regen_import, target, convs, out, OmegaConf.to_container(r, resolve=True))
+                print(f"specexp: {n} responses imported from {data.regen_import}", flush=True)
             D.regenerate(target, convs, out, r.batch_size, r.max_new_tokens, r.temperature, r.top_p, r.top_k,
                          data.shuffle_seed)
             lines = [json.loads(x) for x in out.read_text().splitlines()]
@@ -70,6 +73,11 @@ def prepare_sequences(data, target_cfg, target, stages: Path) -> tuple[list[D.Se
                                         "response_tokens": sum(len(x["response_ids"]) for x in lines),
                                         "stopped": sum(x["stopped"] for x in lines)})
         print(f"specexp: regenerated data {stage} {json.loads((stage / 'DONE').read_text())}", flush=True)
+        if data.get("regen_export"):
+            prov = {"target_source": target.source, "target": payload["target"],
+                    "regen": payload["regen"], "corpus": payload["corpus"], "max_samples": data.max_samples}
+            print(f"specexp: packed {D.export_regen(out, Path(data.regen_export), prov)} into {data.regen_export}",
+                  flush=True)
         seqs += D.sequences_from_regen(out, data.max_length, data.min_response_tokens)
     if data.corpus_answers:
         seqs += D.sequences_from_corpus(target, convs, data.max_length, data.min_response_tokens)
