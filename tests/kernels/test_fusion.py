@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specexp.kernels.fusion import TritonFusion, fuse_torch, gumbel, pick_backend
+from specexp.kernels.fusion import AUTOTUNE, INTERPRETED, TILES, TritonFusion, fuse_torch, gumbel, pick_backend
 
 
 def case(V, r, seed, dtype=torch.float32):
@@ -32,6 +32,31 @@ def test_kernel_equals_reference(V, r):
     ref, ref_prob = fuse_torch(long, z, w, 0.3, 0.3, lp, 0.7, noise)
     assert int(tok) == int(ref)
     torch.testing.assert_close(prob, ref_prob, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("tile", list(TILES))
+def test_every_tile_equals_reference(tile):
+    """Each tile the GPU may run (its blocks split V = 4999 unevenly, rank 40 is no multiple of BLOCK_R): argmax and
+    the sampled token given the noise; the tile buffers, sized for the smallest block, are read only up to the
+    chosen tile's count (a stale larger count would pick a stale tile)."""
+    V, r = 4999, 40
+    long, z, w, lp, g = case(V, r, 3)
+    k = TritonFusion(V, "cpu", tile)
+    k.best.fill_(1e30)                                    # stale entries beyond this tile's count must be ignored
+    assert k.chosen_tile == tile
+    assert int(k(long, z, w, 0.3, 0.3, lp)[0]) == int(fuse_torch(long, z, w, 0.3, 0.3, lp)[0])
+    noise = gumbel(V, g, "cpu")
+    tok, prob = k(long, z, w, 0.5, 0.2, lp, 0.8, noise)
+    ref, ref_prob = fuse_torch(long, z, w, 0.5, 0.2, lp, 0.8, noise)
+    assert int(tok) == int(ref)
+    torch.testing.assert_close(prob, ref_prob, rtol=1e-4, atol=1e-7)
+
+
+def test_tile_choice():
+    assert set(AUTOTUNE) < set(TILES) and INTERPRETED in TILES
+    assert TritonFusion(10, "cpu").tile == INTERPRETED                # auto, under TRITON_INTERPRET (conftest)
+    with pytest.raises(ValueError, match="tile='9x9'.*valid: auto, 1024x64w4"):
+        TritonFusion(10, "cpu", "9x9")
 
 
 def test_kernel_reads_bf16_inputs():

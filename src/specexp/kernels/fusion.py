@@ -15,8 +15,18 @@ Two implementations of the same contract live here: `fuse_torch` (the reference,
 `TritonFusion` (GPU; one program per vocabulary tile, each writes its tile's best score, token, max and
 sum-exp, and a few torch ops combine the tiles). `pick_backend` chooses by device. Ties go to the lowest token id in
 both, as torch.argmax.
+
+Tiles (`TILES`): a program holds a BLOCK x BLOCK_R fp32 tile of W spread over 32 * warps threads. Compiled offline
+for sm_90 (Triton 3.9, r = 256), 64 values per thread use no stack, 128 spill (904 B of stack per thread) and the
+first shipped tile, 1024 x 64 on 4 warps (512 values per thread), uses 13.6 KB of stack per thread. On a GPU
+`triton.autotune` picks among the spill-free tiles (`AUTOTUNE`) once per vocabulary size, rank, mode and dtype,
+outside any CUDA-graph capture (the graph's warm-up calls run first); under `TRITON_INTERPRET` (no registers, no
+timing) one fixed tile runs. `scripts/gpu_check.py` measures every tile (time per call, registers, stack).
+Draws do not depend on the tile: Philox is keyed by the token id, not by the program.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -26,8 +36,19 @@ try:
 except ImportError:            # pragma: no cover - triton ships with torch on Linux
     triton = None
 
-BLOCK_V = 1024
 BACKENDS = ("auto", "torch", "triton")
+# name -> (BLOCK vocabulary rows per program, BLOCK_R rank columns per step, warps); values per thread of the W
+# tile = BLOCK * BLOCK_R / (32 * warps)
+TILES = {
+    "1024x64w4": (1024, 64, 4),     # 512 per thread: spills; the first shipped tile, kept to be measured against
+    "1024x16w8": (1024, 16, 8),
+    "512x16w4": (512, 16, 4),
+    "512x32w8": (512, 32, 8),
+    "256x32w4": (256, 32, 4),
+    "2048x8w8": (2048, 8, 8),
+}
+AUTOTUNE = ("1024x16w8", "512x16w4", "512x32w8", "256x32w4", "2048x8w8")     # 64 per thread: no spills on sm_90
+INTERPRETED = "1024x64w4"           # the interpreter has no registers: the fewest programs run fastest
 
 
 def gumbel(shape, generator: torch.Generator | None, device) -> torch.Tensor:
@@ -37,21 +58,26 @@ def gumbel(shape, generator: torch.Generator | None, device) -> torch.Tensor:
 
 
 def fused_logits(long, z, w, alpha: float, beta: float, log_prior) -> torch.Tensor:
-    """The formula, materialised: `long + alpha * W z - beta * log_prior` in fp32 `[V]`."""
-    fused = long.float()                                                                        # [V]
+    """The formula, materialised: `long + alpha * W z - beta * log_prior` in fp32 `[V]`; or `[a, V]` for a batch
+    of rows of the same draft position (`long [a, V]`, `z [a, r]`: greedy replay, propose_all)."""
+    fused = long.float()                                                                        # [V] | [a, V]
     if beta:
         fused = fused - beta * log_prior.float()
     if alpha:
-        fused = torch.addmv(fused, w.float(), z.float(), alpha=alpha)                          # + alpha * W z
+        if fused.dim() == 1:
+            fused = torch.addmv(fused, w.float(), z.float(), alpha=alpha)                      # + alpha * W z
+        else:
+            fused = torch.addmm(fused, z.float(), w.float().T, alpha=alpha)                    # + alpha * z_j W^T
     return fused
 
 
 def fuse_torch(long, z, w, alpha: float, beta: float, log_prior, temperature: float = 0.0,
                noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Reference. Returns `(token [] long, prob [] fp32 | None)`; `noise [V]` = Gumbel noise when sampling."""
+    """Reference. Returns `(token [] long, prob [] fp32 | None)`; `noise [V]` = Gumbel noise when sampling.
+    Greedy (temperature 0) also takes a batch of rows (`fused_logits`) and returns tokens `[a]`."""
     fused = fused_logits(long, z, w, alpha, beta, log_prior)
     if temperature <= 0:
-        return fused.argmax(), None
+        return fused.argmax(-1), None
     s = fused / temperature                                                                     # [V]
     token = (s + noise).argmax()
     return token, torch.exp(s.gather(0, token.view(1))[0] - torch.logsumexp(s, 0))
@@ -96,19 +122,46 @@ if triton is not None:
             tl.store(sbest_ptr + pid, tl.sum(tl.where(tl.arange(0, BLOCK) == i, s, 0.0), axis=0))
 
 
+    _fuse_tiles_tuned = triton.autotune(
+        configs=[triton.Config({"BLOCK": b, "BLOCK_R": r}, num_warps=w) for b, r, w in map(TILES.get, AUTOTUNE)],
+        key=["V", "R", "SAMPLE", "HAS_NOISE"])(_fuse_tiles)
+
+
+def interpreted() -> bool:
+    """Whether Triton kernels run in its interpreter (`TRITON_INTERPRET`, read when the kernel was defined)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def tile_name(block: int, block_r: int, warps: int) -> str:
+    return next((n for n, t in TILES.items() if t == (block, block_r, warps)), f"{block}x{block_r}w{warps}")
+
+
 class TritonFusion:
     """Preallocated tile buffers for one vocabulary size, so repeated calls (and CUDA-graph capture) allocate
-    nothing. `seed` is a device tensor read by the kernel: fill it before each sampled call or replay."""
+    nothing. `seed` is a device tensor read by the kernel: fill it before each sampled call or replay.
+    `tile`: a name of `TILES`, or auto (autotuned among `AUTOTUNE` on a GPU, `INTERPRETED` in the interpreter)."""
 
-    def __init__(self, vocab_size: int, device, block: int = BLOCK_V):
+    def __init__(self, vocab_size: int, device, tile: str = "auto"):
         assert triton is not None, "triton is not installed"
-        self.V, self.block = vocab_size, block
-        n = triton.cdiv(vocab_size, block)
+        if tile not in ("auto", *TILES):
+            raise ValueError(f"tile={tile!r}; valid: auto, {', '.join(TILES)}")
+        self.V = vocab_size
+        self.tile = INTERPRETED if tile == "auto" and interpreted() else tile
+        # sized for the smallest block: the tuner runs every tile on these buffers, and only the first
+        # cdiv(V, block) entries of the chosen tile are read back
+        n = triton.cdiv(vocab_size, min(b for b, _, _ in TILES.values()))
         f = dict(device=device, dtype=torch.float32)
         self.best, self.tmax, self.tsum, self.sbest = (torch.empty(n, **f) for _ in range(4))
         self.tok = torch.empty(n, device=device, dtype=torch.int64)
         self.seed = torch.zeros(1, device=device, dtype=torch.int64)
-        self.grid = (n,)
+
+    @property
+    def chosen_tile(self) -> str | None:
+        """The tile of the latest call (the autotuner's pick when tuned; None before the first tuned call)."""
+        if self.tile != "auto":
+            return self.tile
+        c = getattr(_fuse_tiles_tuned, "best_config", None)
+        return None if c is None else tile_name(c.kwargs["BLOCK"], c.kwargs["BLOCK_R"], c.num_warps)
 
     def reseed(self, generator: torch.Generator | None) -> None:
         """A fresh Philox seed for the next sampled block (device to device: no host sync)."""
@@ -119,20 +172,28 @@ class TritonFusion:
         """`seed_add` separates the random streams of the positions of one block (same seed, one replay)."""
         sample = temperature > 0
         r = z.numel()
-        _fuse_tiles[self.grid](
-            long, z, w, log_prior, noise if noise is not None else self.best, self.seed,
-            self.best, self.tok, self.tmax, self.tsum, self.sbest,
-            float(alpha), float(beta), 1.0 / temperature if sample else 1.0, int(seed_add), self.V,
-            R=r, BLOCK=self.block, BLOCK_R=min(64, triton.next_power_of_2(r)),
-            SAMPLE=sample, HAS_NOISE=noise is not None)
+        args = (long, z, w, log_prior, noise if noise is not None else self.best, self.seed,
+                self.best, self.tok, self.tmax, self.tsum, self.sbest,
+                float(alpha), float(beta), 1.0 / temperature if sample else 1.0, int(seed_add), self.V)
+        if self.tile == "auto":
+            _fuse_tiles_tuned[lambda meta: (triton.cdiv(self.V, meta["BLOCK"]),)](
+                *args, R=r, SAMPLE=sample, HAS_NOISE=noise is not None)
+            block = _fuse_tiles_tuned.best_config.kwargs["BLOCK"]
+        else:
+            block, block_r, warps = TILES[self.tile]
+            _fuse_tiles[(triton.cdiv(self.V, block),)](
+                *args, R=r, BLOCK=block, BLOCK_R=min(block_r, triton.next_power_of_2(r)),
+                SAMPLE=sample, HAS_NOISE=noise is not None, num_warps=warps)
+        n = triton.cdiv(self.V, block)
+        best, tok, tmax, tsum, sbest = (b[:n] for b in (self.best, self.tok, self.tmax, self.tsum, self.sbest))
         # gather, not tok[t]: a 0-d tensor index is read on the host, which a CUDA graph forbids
-        t = self.best.argmax().view(1)                       # the first tile holding the maximum
-        token = self.tok.gather(0, t)[0]
+        t = best.argmax().view(1)                            # the first tile holding the maximum
+        token = tok.gather(0, t)[0]
         if not sample:
             return token, None
-        m = self.tmax.max()
-        log_z = m + torch.log((self.tsum * torch.exp(self.tmax - m)).sum())
-        return token, torch.exp(self.sbest.gather(0, t)[0] - log_z)
+        m = tmax.max()
+        log_z = m + torch.log((tsum * torch.exp(tmax - m)).sum())
+        return token, torch.exp(sbest.gather(0, t)[0] - log_z)
 
 
 def pick_backend(backend: str, device: torch.device) -> str:
