@@ -89,6 +89,9 @@ def test_feature_cache_matches_online_taps_resumes_and_refuses_a_mismatch(tiny_t
     cache.build(t, seqs, [0, 2], torch.float32, shard_tokens=40)
     shards = sorted(tmp_path.glob("shard-*.safetensors"))
     assert len(shards) == 2
+    extra = sum(p.stat().st_size for p in shards) - D.feature_bytes(sum(len(s.ids) for s in seqs), 2 * t.hidden_size,
+                                                                    torch.float32)
+    assert 0 <= extra < 1000, extra                    # the disk check's size: exact up to the shard headers
     ds = cache.dataset()
     for i, s in enumerate(seqs):
         _, taps = t.forward(s.ids[None], 0, t.new_cache(), taps=(0, 2))
@@ -103,6 +106,36 @@ def test_feature_cache_matches_online_taps_resumes_and_refuses_a_mismatch(tiny_t
     assert shards[1].exists() and shards[0].stat().st_mtime_ns == kept
     with pytest.raises(UserError, match="was made with different layer_ids"):
         D.FeatureCache(tmp_path, {**meta, "layer_ids": [1, 3]})
+
+
+def test_a_feature_cache_larger_than_the_free_disk_is_refused_before_any_target_pass(tmp_path, monkeypatch):
+    """The size is exact (tokens x taps width x dtype + ids and mask); a resumed build counts only the shards it
+    still has to write."""
+    import shutil
+
+    from specexp.errors import UserError
+
+    class NoTarget:
+        hidden_size = 64
+
+        def forward(self, *a, **k):
+            raise AssertionError("a target pass ran before the disk check")
+
+    seqs = [D.Sequence(f"s{i}", torch.arange(30), torch.ones(30, dtype=torch.bool)) for i in range(4)]  # 2 shards
+    assert D.feature_bytes(60, 2 * 64, torch.bfloat16) == 60 * (2 * 64 * 2 + 9)
+    need = D.feature_bytes(120, 2 * 64, torch.bfloat16)                          # 31,080 bytes
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(D.shutil, "disk_usage", lambda p: usage._replace(free=need - 1))
+    root = tmp_path / "features"                                                 # not made yet: its parent is read
+    with pytest.raises(UserError, match=r"needs 0\.0 GB for the target taps of 120 tokens but .* 0\.0 GB free: use "
+                                        r"data\.features=online"):
+        D.FeatureCache(root, {}).build(NoTarget(), seqs, [0, 2], torch.bfloat16, shard_tokens=60)
+    assert not root.exists()                                                     # nothing written
+    root.mkdir()
+    (root / "shard-00000.safetensors").touch()                                  # resumed: half of it is there
+    monkeypatch.setattr(D.shutil, "disk_usage", lambda p: usage._replace(free=need // 2 - 1))
+    with pytest.raises(UserError, match="of 60 tokens"):
+        D.FeatureCache(root, {}).build(NoTarget(), seqs, [0, 2], torch.bfloat16, shard_tokens=60)
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,8 +180,6 @@ class FeatureCache:
     def build(self, target, seqs: list[Sequence], layer_ids: list[int], dtype: torch.dtype, shard_tokens: int):
         from safetensors.torch import save_file
 
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "meta.json").write_text(json.dumps(self.meta, indent=2))
         # Plan shards up front so a restart knows which sequences each shard holds.
         plan, cur, size = [], [], 0
         for i, s in enumerate(seqs):
@@ -191,6 +190,11 @@ class FeatureCache:
                 cur, size = [], 0
         if cur:
             plan.append(cur)
+        todo = sum(len(seqs[i].ids) for n, members in enumerate(plan) for i in members
+                   if not (self.root / f"shard-{n:05d}.safetensors").exists())
+        check_disk(self.root, feature_bytes(todo, len(layer_ids) * target.hidden_size, dtype), todo)
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "meta.json").write_text(json.dumps(self.meta, indent=2))
         index = []
         bar = tqdm(total=sum(len(s.ids) for s in seqs), desc="features", unit="tok", dynamic_ncols=True)
         for n, members in enumerate(plan):
@@ -218,6 +222,22 @@ class FeatureCache:
     def dataset(self) -> "CachedFeatures":
         check(self.complete, f"feature cache {self.root} is incomplete; rerun to finish it")
         return CachedFeatures(self.root, json.loads((self.root / "index.json").read_text()))
+
+
+def feature_bytes(tokens: int, width: int, dtype: torch.dtype) -> int:
+    """Bytes of the shards holding `tokens` positions: taps `[tokens, width]` in `dtype`, ids (int64) and the loss
+    mask (bool) per position; the safetensors headers (a few hundred bytes a shard) are left out."""
+    return tokens * (width * dtype.itemsize + 8 + 1)
+
+
+def check_disk(root: Path, need: int, tokens: int) -> None:
+    """Refuse a feature cache the disk cannot hold, before the first target pass (the size is exact, so the
+    build would only stop at a full disk, hours later); the way out without disk is to stream the features."""
+    where = next(p for p in (root, *root.parents) if p.exists())
+    free = shutil.disk_usage(where).free
+    check(need <= free, f"data.features=cache needs {need / 1e9:.1f} GB for the target taps of {tokens:,} tokens but "
+                        f"{where} has {free / 1e9:.1f} GB free: use data.features=online (taps computed in each "
+                        f"training step, nothing written), free disk, or point paths.cache at a larger disk")
 
 
 class CachedFeatures(torch.utils.data.Dataset):
