@@ -232,6 +232,7 @@ RULES = {
     "eval.shuffle_seed": (_int(), "an int"),
     "eval.warmup": (_int(0), "an int >= 0"),
     "eval.check_lossless": (_one_of("auto", True, False), "auto, true or false"),
+    "eval.near_tie": (_num(0), "a finite number >= 0 (a logit gap)"),
     "decoding.protocol": (_one_of("greedy", "A", "B"), "greedy, A or B"),
     "decoding.temperature": (_num(0), "a finite number >= 0"),
     "benchmark.names": (lambda v: isinstance(v, list) and len(v) > 0 and all(isinstance(x, str) for x in v),
@@ -469,6 +470,7 @@ class EvalConfig(_FromCfg):
     shuffle_seed: int = 0
     run_ar: bool = True
     check_lossless: bool | str = "auto"
+    near_tie: float = 0.01
     warmup: int = 1
     save_text: bool = True
     progress: bool = True

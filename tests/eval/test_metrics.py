@@ -33,6 +33,19 @@ def test_speedup_is_a_ratio_of_means():
     assert M.macro({"x": s, "y": {**s, "tau": 4.0, "speedup": None}}) == {"tau": (2 + 4) / 2, "speedup": 1.5}
 
 
+def test_near_tie_gaps_and_lossless_counts():
+    import torch
+
+    logits = torch.tensor([[1.0, 5.0, 4.75, -2.0], [0.0, 0.0, 1.0, 3.0]])
+    assert M.top2_gap(logits).tolist() == [0.25, 2.0]
+    assert M.tie_gap(logits[0], (1, 2)) == 0.25           # the two best: the top-2 gap
+    assert M.tie_gap(logits[0], (1, 3)) == 7.0            # a token far below the best is no near-tie
+    r = [{"lossless": True}, {"lossless": False, "lossless_near_tie": True}, {"lossless": False},
+         {"lossless": False, "lossless_near_tie": False}, {"lossless": None}]
+    assert M.lossless_counts(r) == {"lossless_mismatches": 2, "lossless_near_ties": 1}
+    assert M.lossless_counts([{"lossless": None}]) == {"lossless_mismatches": None, "lossless_near_ties": None}
+
+
 def _prompts(taus_by_prompt, bench="b"):
     """Records from per-prompt lists of per-turn τ values (each turn a single verification committing τ tokens)."""
     return [{"id": f"p{i}", "benchmark": bench, "turn": t, "accept_lengths": [a], "drafted": [7]}

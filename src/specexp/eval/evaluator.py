@@ -96,10 +96,28 @@ def run_sample(target, drafter, sample, dc: DecodeConfig, ev, seed: int, round_m
         compare = ev.check_lossless is True or (ev.check_lossless == "auto" and dc.protocol == "greedy")
         lossless = (spec.tokens == ar.tokens) if (ar is not None and compare) else None
         text = target.decode(spec.tokens)
-        recs.append(_record(sample, turn, len(ids), spec, ar, text, lossless, ev.save_text, round_metrics,
-                            dc.protocol == "greedy"))
+        rec = _record(sample, turn, len(ids), spec, ar, text, lossless, ev.save_text, round_metrics,
+                      dc.protocol == "greedy")
+        if lossless is False:
+            rec.update(mismatch(target, ids, spec.tokens, ar.tokens, ev.near_tie))
+        recs.append(rec)
         messages.append({"role": "assistant", "content": text})
     return recs
+
+
+def mismatch(target, prompt: list[int], spec: list[int], ar: list[int], near_tie: float) -> dict:
+    """Where a greedy output first leaves AR's (`mismatch_at`), the target's logit gap there (`mismatch_gap`,
+    metrics.tie_gap: the top-2 gap when the two tokens are the two best, as replay measures near-ties) from one
+    teacher-forced pass over the prompt and the common prefix, and whether that is a near-tie (gap < near_tie): in
+    bf16 a 16-token verify block and a 1-token AR step round differently, so they may break such a tie
+    differently without any drafter error. An output that is a prefix of the other is no tie."""
+    i = next((j for j, (a, b) in enumerate(zip(spec, ar)) if a != b), min(len(spec), len(ar)))
+    if i == min(len(spec), len(ar)):
+        return {"mismatch_at": i, "mismatch_gap": None, "lossless_near_tie": False}
+    ids = torch.tensor([prompt + ar[:i]], device=target.device)                        # [1, P + i]
+    logits, _ = target.forward(ids, 0, target.new_cache(), last_only=True)              # [1, 1, V]
+    gap = metrics.tie_gap(logits[0, -1], (spec[i], ar[i]))
+    return {"mismatch_at": i, "mismatch_gap": gap, "lossless_near_tie": gap < near_tie}
 
 
 def warmup(target, drafter, dc: DecodeConfig, n: int) -> None:
@@ -150,7 +168,7 @@ def run_settings(cfg, device) -> dict:
         "target": {k: v for k, v in container(cfg.target, resolve=True).items() if k != "cache_dir"},
         "drafter": drafter, "checkpoint_content": checkpoint_digests(drafter),
         "decoding": container(cfg.decoding, resolve=True),
-        "eval": {k: cfg.eval.get(k) for k in ("max_new_tokens", "run_ar", "check_lossless", "save_text")},
+        "eval": {k: cfg.eval.get(k) for k in ("max_new_tokens", "run_ar", "check_lossless", "near_tie", "save_text")},
         "seed": cfg.seed, "device": device.type, "cpu_threads": cfg.get("cpu_threads"),
     }
 

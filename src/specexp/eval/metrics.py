@@ -76,8 +76,33 @@ def _mean_ms(values) -> float | None:
     return 1000 * fmean(values) if values else None
 
 
+def top2_gap(logits):
+    """Target logits `[..., V]` -> the top-1 minus top-2 logit `[...]` in fp32: an argmax near-tie when small, where
+    two computation orders of the same logits (a verify block and an AR step, a teacher-forced pass) may rank the
+    two best tokens differently."""
+    top2 = logits.float().topk(2, dim=-1).values                                               # [..., 2]
+    return top2[..., 0] - top2[..., 1]
+
+
+def tie_gap(logits, tokens) -> float:
+    """How far the lower of `tokens` is below the best logit of `logits [V]`: `top2_gap` when they are the two best,
+    larger otherwise (a token that is not near the top is no near-tie whatever the top-2 gap)."""
+    lg = logits.float()
+    return float(lg.max() - min(lg[t] for t in tokens))
+
+
+def lossless_counts(records: list[dict]) -> dict:
+    """Greedy outputs that differ from AR's, split by what their first differing position is: a near-tie of the
+    target's logits (`lossless_near_tie`, eval/evaluator.py: the two tokens within `eval.near_tie` of the best logit)
+    or a failure (`lossless_mismatches`); None for both when no output was compared."""
+    checked = [r for r in records if r.get("lossless") is not None]
+    if not checked:
+        return {"lossless_mismatches": None, "lossless_near_ties": None}
+    ties = sum(not r["lossless"] and bool(r.get("lossless_near_tie")) for r in checked)
+    return {"lossless_mismatches": sum(not r["lossless"] for r in checked) - ties, "lossless_near_ties": ties}
+
+
 def summarize_benchmark(records: list[dict], k_max: int) -> dict:
-    lossless = [r["lossless"] for r in records if r.get("lossless") is not None]
     return {
         "num_samples": len({r["id"] for r in records}),
         "num_turns": len(records),
@@ -90,7 +115,7 @@ def summarize_benchmark(records: list[dict], k_max: int) -> dict:
         "accept_rate_per_position": accept_rate_per_position(records, k_max),
         "accept_rate_conditional": conditional_accept_rate(records, k_max),
         "tau_histogram": tau_histogram(records, k_max),
-        "lossless_mismatches": sum(not x for x in lossless) if lossless else None,
+        **lossless_counts(records),
     }
 
 

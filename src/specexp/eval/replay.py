@@ -54,8 +54,7 @@ def teacher_forced(target, prompt: list[int], ref: list[int], taps) -> dict[str,
     ids = torch.tensor([prompt + ref[:-1]], device=target.device)                      # [1, T]
     logits, hidden = target.forward(ids, 0, target.new_cache(), taps=taps)              # [1, T, V], [1, T, nH]
     pred = logits[0, len(prompt) - 1:].float()                                           # [R, V]
-    top2 = pred.topk(2, dim=-1).values                                                   # [R, 2]
-    return {"taps": hidden, "argmax": pred.argmax(-1).cpu(), "gap": (top2[:, 0] - top2[:, 1]).cpu()}
+    return {"taps": hidden, "argmax": pred.argmax(-1).cpu(), "gap": metrics.top2_gap(pred).cpu()}
 
 
 def _tap_file(root: Path, ref_hash: str, taps, key: str, turn: int) -> Path:

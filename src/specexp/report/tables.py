@@ -11,6 +11,12 @@ def ci(c, fmt: str = ".2f") -> str:
     return "–" if not c else f"[{format(c[0], fmt)}, {format(c[1], fmt)}]"
 
 
+def _ties(b: dict) -> str:
+    """Lossless mismatches at an argmax near-tie, after the failures: `0 (+2 near-tie)`."""
+    n = b.get("lossless_near_ties")
+    return f" (+{n} near-tie)" if n else ""
+
+
 def summary_markdown(summary: dict) -> str:
     """The per-benchmark table of one run: τ with its 95% CI, and speedup/TPOT (online) or near-ties (replay)."""
     d = summary["decoding"]
@@ -38,7 +44,8 @@ def summary_markdown(summary: dict) -> str:
         rows.append(f"| {name} | {b['num_samples']} | {b['num_turns']} | {_f(b['tau'], '.2f')} | "
                     f"{ci(b.get('tau_ci95'))} | "
                     f"{_f(b['speedup'], '.2f')}{'' if b['speedup'] is None else '×'} | {_f(b['tpot_ms'], '.1f')} | "
-                    f"{_f(b['tpot_ar_ms'], '.1f')} | {_f(b['ttft_ms'], '.0f')} | {_f(b['lossless_mismatches'], 'd')} |")
+                    f"{_f(b['tpot_ar_ms'], '.1f')} | {_f(b['ttft_ms'], '.0f')} | "
+                    f"{_f(b['lossless_mismatches'], 'd')}{_ties(b)} |")
     rows.append(f"| **macro** | | | **{_f(m['tau'], '.2f')}** | {ci(m.get('tau_ci95'))} | "
                 f"**{_f(m['speedup'], '.2f')}** | | | | |")
     return head + "\n".join(rows) + "\n"
