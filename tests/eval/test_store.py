@@ -75,6 +75,7 @@ def test_more_samples_of_the_same_run_extend_it(tmp_path):
     ([], ["drafter.init=auto"], "drafter.init: recorded 'random', now 'auto'"),
     ([], ["eval.run_ar=false"], "eval.run_ar"),
     ([], ["eval.check_lossless=false"], "eval.check_lossless"), ([], ["eval.save_text=false"], "eval.save_text"),
+    ([], ["eval.near_tie=0.5"], "eval.near_tie: recorded 0.01, now 0.5"),
     ([], ["target.num_layers=2"], "target.num_layers"), ([], ["cpu_threads=1"], "cpu_threads: recorded None, now 1"),
     (["drafter=dels_rnn"], ["drafter=dels_rnn", "fusion.alpha=0.5"], "drafter.fusion.alpha: recorded 0.3, now 0.5"),
 ])
