@@ -20,19 +20,21 @@ class _NoBackbone:
 
 
 def make(kind, V, H, K, dtype, device, backend, graph, seed=0):
-    g = torch.Generator().manual_seed(seed)
+    # The V x H tables are drawn on the device: on the host, 622 M values at Qwen3-8B shapes take seconds per variant.
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(seed)
     if kind == "domino":                                              # reference sizes: GRU 1024, rank 256
         head = domino.random_head(domino.DominoConfig(H, V), seed, 0.02)
         bb = _NoBackbone()
         bb.block_size = K + 1                                         # unshifted: rows 1..K are the drafts
-        embed = (torch.randn(V, H, generator=g) * 0.02).to(device, dtype)
+        embed = (torch.randn(V, H, generator=g, device=device) * 0.02).to(dtype)
         return domino.DominoDrafter(bb, head, embed, 1.0, backend, graph)
     c = dels.LocalHeadConfig(kind, H, V)                               # reference sizes: 256 / 1024 / 256
     head = dels.random_head(c, seed, 0.02)
-    embed = (torch.randn(V, H, generator=g) * 0.02).to(device, dtype)
-    lm = (torch.randn(V, H, generator=g) * 0.02).to(device, dtype)
+    embed = (torch.randn(V, H, generator=g, device=device) * 0.02).to(dtype)
+    lm = (torch.randn(V, H, generator=g, device=device) * 0.02).to(dtype)
     merged = dels.MergedHead(head, embed, lm, dtype, device)
-    lp = torch.log_softmax(torch.randn(V, generator=g), 0)
+    lp = torch.log_softmax(torch.randn(V, generator=g, device=device), 0)
     bb = _NoBackbone()
     bb.max_drafts = K
     return dels.DeLSDrafter(bb, merged, lp, 0.3, 0.3, backend, graph)
