@@ -26,6 +26,7 @@ def run_task(cfg: DictConfig, out_dir: str):
     from .errors import one_of
     from .eval.compare import run_compare
     from .eval.evaluator import run_eval
+    from .eval.merge import run_merge
     from .eval.replay import run_replay
     from .report.dashboard import run_dashboard
     from .report.page import run_report
@@ -35,6 +36,7 @@ def run_task(cfg: DictConfig, out_dir: str):
     tasks = {"eval": run_eval, "train": run_train, "regenerate": run_regenerate, "prior": run_prior}
     tasks["replay"] = run_replay                 # τ without decoding, on cached greedy references
     tasks["compare"] = run_compare               # paired comparison of two result directories
+    tasks["merge"] = run_merge                   # the shards of one run (eval.shard=I/N) -> the unsharded run's files
     tasks["report"] = run_report                 # a static HTML page over kept result directories
     tasks["dashboard"] = run_dashboard           # the W&B workspace and reports as code (dashboard.json)
     one_of("task", cfg.task.name, tasks)

@@ -26,6 +26,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from .errors import UserError
+from .eval.shards import VALID as SHARD_VALID
+from .eval.shards import is_valid as shard_is_valid
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 ANY = "any"                                  # the type tag of a null or interpolated option value
@@ -51,7 +53,10 @@ def conf_roots() -> list[Path]:
 
 
 def group_names() -> list[str]:
-    return sorted({d.name for r in conf_roots() for d in r.iterdir() if d.is_dir() and d.name != "experiment"})
+    """specexp's config groups: conf/'s directories but experiment/ (delta files) and hydra/ (Hydra's own groups,
+    e.g. hydra/launcher: they configure Hydra, not the job)."""
+    return sorted({d.name for r in conf_roots() for d in r.iterdir() if d.is_dir()
+                   and d.name not in ("experiment", "hydra")})
 
 
 def options(group: str) -> list[str]:
@@ -215,6 +220,10 @@ def _num_samples(v):
     return _int(1)(v)
 
 
+def _dirs(v):
+    return isinstance(v, list) and len(v) > 0 and all(isinstance(x, str) and x for x in v)
+
+
 def _fusion_weight(v):
     return v == "learned" or _num()(v) or (isinstance(v, list) and len(v) > 0 and all(_num()(x) for x in v))
 
@@ -233,6 +242,9 @@ RULES = {
     "eval.warmup": (_int(0), "an int >= 0"),
     "eval.check_lossless": (_one_of("auto", True, False), "auto, true or false"),
     "eval.near_tie": (_num(0), "a finite number >= 0 (a logit gap)"),
+    "eval.shard": (shard_is_valid, SHARD_VALID),            # the grammar lives with the code that parses it
+    "merge.runs": (_dirs, "a non-empty list of shard directories (or directories holding them), e.g. "
+                          "merge.runs='[DIR0,DIR1]'"),
     "decoding.protocol": (_one_of("greedy", "A", "B"), "greedy, A or B"),
     "decoding.temperature": (_num(0), "a finite number >= 0"),
     "benchmark.names": (lambda v: isinstance(v, list) and len(v) > 0 and all(isinstance(x, str) for x in v),
@@ -387,6 +399,17 @@ def validate(cfg, job: dict | None = None) -> None:
             raise UserError(f"{key}={_fmt(node)} is not valid; expected {valid}")
     _check_target_fit(values)
     _check_drafter_checkpoint(values)
+    _check_shard(values)
+
+
+SHARDED_TASKS = ("eval", "replay")          # the tasks that run a selection of prompts (eval/shards.py)
+
+
+def _check_shard(values: dict) -> None:
+    shard, task = (values.get("eval") or {}).get("shard"), (values.get("task") or {}).get("name")
+    if shard is not None and task not in SHARDED_TASKS:
+        raise UserError(f"eval.shard={shard!r} applies to task={' and task='.join(SHARDED_TASKS)} only (this is "
+                        f"task={task}); drop eval.shard")
 
 
 def _check_target_fit(values: dict) -> None:
@@ -473,6 +496,7 @@ class EvalConfig(_FromCfg):
     near_tie: float = 0.01
     warmup: int = 1
     save_text: bool = True
+    shard: str | None = None
     progress: bool = True
 
 

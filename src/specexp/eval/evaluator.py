@@ -28,7 +28,7 @@ from ..errors import check
 from ..report.tables import summary_markdown
 from ..targets import resolve_device
 from ..tracking import make_logger, run_info, write_json, write_text_atomic
-from . import metrics
+from . import metrics, shards
 from .store import ResultStore, content_digest
 
 
@@ -135,7 +135,22 @@ def summarize(records: list[dict], names: list[str], target, drafter, dc: Decode
               mode: str = "online") -> dict:
     """summary.json. `mode`: "online" (decoded by the engine) or "replay" (eval/replay.py: no timing fields,
     near-tie counts instead). τ comes with its 95% bootstrap CI over prompts, per benchmark and macro."""
-    k = drafter.max_drafts if drafter is not None else 0
+    header = {
+        "target": target.name, "drafter": drafter.name if drafter is not None else "none", "mode": mode,
+        "decoding": {"temperature": dc.temperature, "protocol": dc.protocol},
+        "max_new_tokens": dc.max_new_tokens, "num_draft_tokens": drafter.max_drafts if drafter is not None else 0,
+    }
+    return summarize_records(records, names, header, round_metrics)
+
+
+SUMMARY_HEADER = ("target", "drafter", "mode", "decoding", "max_new_tokens", "num_draft_tokens")
+
+
+def summarize_records(records: list[dict], names: list[str], header: dict, round_metrics=None) -> dict:
+    """summary.json from the records alone and the run's `header` (the SUMMARY_HEADER keys of a summary), without
+    the models: what `summarize` computes, and what task=merge (eval/merge.py) computes over merged shards. The
+    bootstrap CIs depend on the order of the prompts within each benchmark (the records' order)."""
+    k, mode = header["num_draft_tokens"], header["mode"]
     by_bench = {n: [r for r in records if r["benchmark"] == n] for n in names}
     by_bench = {n: rs for n, rs in by_bench.items() if rs}
     benches = {n: metrics.summarize_benchmark(rs, k) for n, rs in by_bench.items()}
@@ -150,12 +165,7 @@ def summarize(records: list[dict], names: list[str], target, drafter, dc: Decode
             b.update(metrics.near_tie_summary(by_bench[n]))
     if mode == "replay":
         macro.pop("speedup", None)
-    return {
-        "target": target.name, "drafter": drafter.name if drafter is not None else "none", "mode": mode,
-        "decoding": {"temperature": dc.temperature, "protocol": dc.protocol},
-        "max_new_tokens": dc.max_new_tokens, "num_draft_tokens": k,
-        "benchmarks": benches, "macro": macro,
-    }
+    return {**{key: header[key] for key in SUMMARY_HEADER}, "benchmarks": benches, "macro": macro}
 
 
 def run_settings(cfg, device) -> dict:
@@ -193,8 +203,10 @@ def run_eval(cfg, out_dir: Path) -> dict:
     out_dir = Path(out_dir)
     device = resolve_device(cfg.device)
     ev = cfg.eval
-    samples = benchmarks.load(list(cfg.benchmark.names), ev.num_samples, ev.shuffle_seed, cfg.benchmark.source,
-                              cfg.benchmark.get("data_dir"))
+    shard = shards.parse(ev.get("shard"))
+    selected = benchmarks.load(list(cfg.benchmark.names), ev.num_samples, ev.shuffle_seed, cfg.benchmark.source,
+                               cfg.benchmark.get("data_dir"))
+    samples = shards.select(selected, shard)            # all of them unless eval.shard=I/N
     check(ev.check_lossless in (True, False, "auto"),
           f"eval.check_lossless={ev.check_lossless!r} is not valid; choose one of: auto, true, false")
     check(not (ev.check_lossless is True and cfg.decoding.protocol != "greedy"),
@@ -208,7 +220,7 @@ def run_eval(cfg, out_dir: Path) -> dict:
     for s in samples:                   # first turns only: later ones depend on the model's answers
         check_fits(target, s.id, 0, len(target.encode_chat([{"role": "user", "content": s.turns[0]}])), dc, k)
 
-    with ResultStore(out_dir, run_settings(cfg, device), samples) as store:
+    with ResultStore(out_dir, run_settings(cfg, device), samples, shards.entry(selected, shard)) as store:
         resolved = OmegaConf.to_container(cfg, resolve=True)
         write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         write_json(out_dir / "run_info.json", {**run_info(device), "target_source": target.source})

@@ -42,7 +42,7 @@ from ..errors import check
 from ..report.tables import summary_markdown
 from ..targets import resolve_device
 from ..tracking import run_info, write_json, write_text_atomic
-from . import metrics
+from . import metrics, shards
 from .references import ReferenceStore, compute_reference, set_fingerprint, turns_with_prompts
 from .store import ResultStore
 
@@ -197,8 +197,10 @@ def run_replay(cfg, out_dir) -> dict:
     rp = replay_settings(cfg)
     ev = cfg.eval
     device = resolve_device(cfg.device)
-    samples = benchmarks.load(list(cfg.benchmark.names), ev.num_samples, ev.shuffle_seed, cfg.benchmark.source,
-                              cfg.benchmark.get("data_dir"))
+    shard = shards.parse(ev.get("shard"))
+    selected = benchmarks.load(list(cfg.benchmark.names), ev.num_samples, ev.shuffle_seed, cfg.benchmark.source,
+                               cfg.benchmark.get("data_dir"))
+    samples = shards.select(selected, shard)            # all of them unless eval.shard=I/N (references too)
     target = registry.build_target(cfg.target, device)
     drafter = registry.build_drafter(cfg.drafter, target)
     round_metrics = registry.drafter_entry(cfg.drafter.name).metrics
@@ -214,7 +216,7 @@ def run_replay(cfg, out_dir) -> dict:
     }
     taps = drafter.tap_layers if drafter is not None else ()
     tap_root = Path(os.path.expanduser(str(rp.tap_cache_dir))) if rp.tap_cache else None
-    with ResultStore(out_dir, settings, samples) as store:
+    with ResultStore(out_dir, settings, samples, shards.entry(selected, shard)) as store:
         write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         write_json(out_dir / "run_info.json", {**run_info(device), "target_source": target.source,
                                                "references": str(refs.dir)})

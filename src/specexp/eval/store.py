@@ -3,8 +3,10 @@
 A run directory belongs to one run, described by `run.json`:
   {"format": 2, "settings": {...every setting that changes a result...},
    "samples": {benchmark: {id: digest of the formatted prompt turns}}}
-and its results are `samples.jsonl` (one record per turn, appended as each sample finishes) plus the files
-written from them. A run that opens a directory (`ResultStore(dir, settings, samples)`) gets, in this order:
+(a shard of a run, `eval.shard=I/N`, adds `settings.shard = {index, count}` and `selection`, the unsharded
+run's samples {benchmark: [ids]} in order: eval/shards.py), and its results are `samples.jsonl` (one record per
+turn, appended as each sample finishes) plus the files written from them. A run that opens a directory
+(`ResultStore(dir, settings, samples)`) gets, in this order:
   busy      another process holds `dir/.lock` (an OS lock, gone when its holder dies) -> refused;
   fresh     no results yet (no `samples.jsonl` content, no `summary.json`) -> claimed, whatever `run.json` says;
   same      same settings, and every recorded sample (one with records in samples.jsonl) is among this run's
@@ -74,7 +76,7 @@ def _flat(d, prefix="") -> dict:
     return out
 
 
-def settings_diff(recorded: dict, wanted: dict) -> str | None:
+def settings_diff(recorded: dict, wanted: dict, labels: tuple[str, str] = ("recorded", "now")) -> str | None:
     """The settings that differ, as dotted keys with both values (`seed: recorded 0, now 1`), or None."""
     a, b = _flat(recorded), _flat(wanted)
     keys = sorted(k for k in a.keys() | b.keys() if a.get(k, "<unset>") != b.get(k, "<unset>"))
@@ -85,7 +87,8 @@ def settings_diff(recorded: dict, wanted: dict) -> str | None:
         text = "unset" if v == "<unset>" else repr(v)
         return text if len(text) <= 40 else text[:37] + "..."
 
-    parts = [f"{k}: recorded {show(a.get(k, '<unset>'))}, now {show(b.get(k, '<unset>'))}" for k in keys[:3]]
+    parts = [f"{k}: {labels[0]} {show(a.get(k, '<unset>'))}, {labels[1]} {show(b.get(k, '<unset>'))}"
+             for k in keys[:3]]
     return "; ".join(parts) + (f"; and {len(keys) - 3} more" if len(keys) > 3 else "")
 
 
@@ -136,24 +139,28 @@ class ResultStore:
     `settings`: every setting that changes a result (JSON-able). `samples`: the run's benchmark samples (the
     prompts are hashed into run.json, and a multi-turn sample counts as done only with all its turns); without
     them the recorded settings must match exactly and a sample is done when its recorded turns have no gap.
+    `shard`: `shards.entry(...)` of a sharded run (its index and count join the settings), or None.
     Holds `dir/.lock` until `close()` (also a context manager; the OS drops the lock if the process dies).
     """
 
-    def __init__(self, out_dir, settings: dict, samples=None):
+    def __init__(self, out_dir, settings: dict, samples=None, shard: dict | None = None):
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.samples_file = self.dir / SAMPLES
-        self._lock = _lock(self.dir / LOCK)
+        self._lock = lock(self.dir / LOCK)
         try:
-            self._open(settings, samples)
+            self._open(settings, samples, shard)
         except BaseException:
             self.close()
             raise
 
-    def _open(self, settings: dict, samples) -> None:
+    def _open(self, settings: dict, samples, shard: dict | None = None) -> None:
         plan = sample_plan(samples) if samples is not None else None
         self.turns = {(s.benchmark, s.id): len(s.turns) for s in samples} if samples is not None else None
-        wanted = {"format": FORMAT, "settings": settings, **({"samples": plan} if plan is not None else {})}
+        if shard is not None:               # `shards.entry`: the shard is a setting, the full selection is not
+            settings = {**settings, "shard": {"index": shard["index"], "count": shard["count"]}}
+        wanted = {"format": FORMAT, "settings": settings, **({"samples": plan} if plan is not None else {}),
+                  **({"selection": shard["selection"]} if shard is not None else {})}
         records, torn = read_records(self.samples_file)
         run_file = self.dir / RUN
         has_results = bool(records) or torn or (self.dir / SUMMARY).exists()
@@ -232,7 +239,7 @@ class ResultStore:
         self.close()
 
 
-def _lock(path: Path):
+def lock(path: Path):
     """An exclusive, non-blocking flock on `path`. The lock file itself is never removed (removing it would let a
     second process lock a new file while the first still holds the old one); a leftover file does not block."""
     f = open(path, "a+", encoding="utf-8")
