@@ -228,7 +228,11 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask=None):
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask=None, context=None):
+        """`context` = `DFlashDraftModel.context_stream(...)`: the layer computes its context K/V from it inside its
+        own call instead of taking `ctx_k, ctx_v` (training: an FSDP unit's weights are whole only during its call)."""
+        if context is not None:
+            ctx_k, ctx_v = self.self_attn.kv(*context)
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -251,18 +255,30 @@ class DFlashDraftModel(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)[:, None]                                   # [B, 1, T, D]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
+    def context_stream(self, taps: torch.Tensor, positions: torch.Tensor):
+        """What every layer takes its context K/V from: `(hidden_norm(fc(taps)) [B, C, H], cos, sin)` for target
+        taps `[B, C, n*H]` at `positions [B, C]`."""
+        ctx = self.hidden_norm(self.fc(taps))                                              # [B, C, H]
+        return (ctx, *self.rope(positions, ctx.dtype))
+
     def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per-layer context K/V from target taps `[B, C, n*H]` at `positions [B, C]`."""
-        ctx = self.hidden_norm(self.fc(taps))                                              # [B, C, H]
-        cos, sin = self.rope(positions, ctx.dtype)
-        return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
+        context = self.context_stream(taps, positions)
+        return [layer.self_attn.kv(*context) for layer in self.layers]
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx_kv, mask=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx_kv=None, mask=None, context=None) -> torch.Tensor:
         """Block stream `x [B, Q, H]` (target embeddings of the block ids) at `positions [B, Q]` → hidden
-        `[B, Q, H]` after the final norm. `mask [B|1, 1, Q, C+Q]` (bool, True = attend) or None = full."""
+        `[B, Q, H]` after the final norm. `mask [B|1, 1, Q, C+Q]` (bool, True = attend) or None = full. The context:
+        per-layer K/V `ctx_kv` (`context_kv`, what inference caches), or `context` (`context_stream`), from which
+        each layer computes its own K/V inside its call: the same numbers, and the form training uses, since a
+        layer wrapped as an FSDP unit has its sharded weights gathered only while it runs."""
         cos, sin = self.rope(positions, x.dtype)
-        for layer, (k, v) in zip(self.layers, ctx_kv):
-            x = layer(x, cos, sin, k, v, mask)
+        if context is not None:
+            for layer in self.layers:
+                x = layer(x, cos, sin, None, None, mask, context=context)
+        else:
+            for layer, (k, v) in zip(self.layers, ctx_kv):
+                x = layer(x, cos, sin, k, v, mask)
         return self.norm(x)
 
     # ------------------------------------------------------------------------------------ checkpoints
