@@ -229,6 +229,7 @@ def _fusion_weight(v):
 
 
 DTYPES = ("float32", "bfloat16", "float16")
+FSDP_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")     # Lightning's FSDPStrategy names
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", 32, 16, 64, "32", "16", "bf16")
 # key -> (predicate, what would be valid). Applied where the key exists (drafter keys differ per drafter).
 RULES = {
@@ -308,6 +309,11 @@ RULES = {
     "train.seed": (_int(), "an int"),
     "train.export_dtype": (_one_of(*DTYPES), ", ".join(DTYPES)),
     "train.devices": (lambda v: v == "auto" or _int(1)(v) or _int_list()(v), "auto, an int >= 1 or a list of ids"),
+    "train.num_nodes": (_int(1), "an int >= 1"),
+    # ddp_spawn / ddp_fork are left out: spawned ranks would need the training plan's closures pickled
+    "train.strategy": (_one_of("auto", "ddp", "fsdp"), "auto, ddp or fsdp"),
+    "train.fsdp.sharding_strategy": (_one_of(*FSDP_SHARDING), ", ".join(FSDP_SHARDING)),
+    "train.fsdp.state_dict_type": (_one_of("full", "sharded"), "full or sharded"),
     "train.precision": (lambda v: v in ("auto", *PRECISIONS) and not isinstance(v, bool),
                         "auto or a Lightning precision (" + ", ".join(PRECISIONS[:6]) + ", or 32, 16, 64, bf16)"),
 }
@@ -518,8 +524,10 @@ class TrainConfig(_FromCfg):
     max_steps: int = -1
     accumulate: int = 1
     precision: str = "auto"
-    devices: int | str = "auto"
+    devices: int | str | list = "auto"
+    num_nodes: int = 1
     strategy: str = "auto"
+    fsdp: dict | None = None
     attention: str = "auto"
     init_from_target: bool = False
     ckpt_every: int = 200

@@ -11,15 +11,27 @@ its own block (bidirectional), nothing of other blocks.
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 
 import torch
+
+from .distributed import rank_and_world
 
 GAMMA_BY_BLOCK = {16: 7.0, 10: 5.0, 8: 4.0}   # the paper's loss-decay constants
 
 
 def default_gamma(block_size: int) -> float:
     return GAMMA_BY_BLOCK.get(block_size, 7.0 * block_size / 16)
+
+
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """The generator of one training step's draws (anchors, DEdit's mix): a function of (seed, step), which
+    Lightning restores, so a resumed run draws what the uninterrupted one drew; and of the rank under DDP / FSDP,
+    so ranks draw independently of each other (rank 0, and a single process, as ever)."""
+    rank = rank_and_world()[0]
+    key = f"{seed}/{step}" if rank == 0 else f"{seed}/{step}/rank{rank}"
+    return torch.Generator().manual_seed(zlib.crc32(key.encode()))
 
 
 def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator) -> torch.Tensor:

@@ -16,13 +16,11 @@ keep rate (correct proposal in, still correct out).
 """
 from __future__ import annotations
 
-import zlib
-
 import torch
 
 from ..drafters.dedit import EDITORS
 from ..errors import check, one_of
-from .anchors import build_blocks, dense_mask, flex_mask, leading_correct, sample_anchors
+from .anchors import build_blocks, dense_mask, flex_mask, leading_correct, sample_anchors, step_generator
 from .dflash_module import DFlashLitModule, backbone_plan
 from .losses import chunked_ce
 
@@ -45,7 +43,7 @@ class DEditLitModule(DFlashLitModule):
 
     def blocks_loss(self, ids, loss_mask, taps, step: int):
         c, dev = self.model.config, ids.device
-        g = torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/{step}".encode()))
+        g = step_generator(self.seed, step)
         anchors = sample_anchors(loss_mask.cpu(), self.num_anchors, g).to(dev)                 # [n]
         if anchors.numel() == 0:
             return None, {}
@@ -53,12 +51,14 @@ class DEditLitModule(DFlashLitModule):
         s, b = ids.numel(), c.block_size
         use_flex = self.attention == "flex" or (self.attention == "auto" and dev.type == "cuda")
         make = flex_mask if use_flex else dense_mask
-        ctx_kv = self.model.context_kv(taps[None].to(self.model.fc.weight.dtype), torch.arange(s, device=dev)[None])
+        # the context stream: each layer takes its K/V inside its own call, in both passes (FSDP units)
+        context = self.model.context_stream(taps[None].to(self.model.fc.weight.dtype),
+                                            torch.arange(s, device=dev)[None])
         sel, w = blk.weights > 0, blk.weights[blk.weights > 0]                                 # [Q], [M]
         labels = blk.labels[sel]                                                               # [M]
         # pass 0: the DFlash objective
-        h0 = self.model(self.target.embed_tokens(blk.noise_ids)[None], blk.positions[None], ctx_kv,
-                        make(anchors, s, b))[0]                                                # [Q, H]
+        h0 = self.model(self.target.embed_tokens(blk.noise_ids)[None], blk.positions[None], mask=make(anchors, s, b),
+                        context=context)[0]                                                    # [Q, H]
         ce0, prop, conf = chunked_ce(self.target.lm_head, [h0[sel]], labels)                  # [M] each
         loss0 = (ce0 * w).sum() / (w.sum() + 1e-6)
         # ProposalMix: the edit input from the first pass's own proposals (argmax, max probability), no gradient
@@ -66,8 +66,8 @@ class DEditLitModule(DFlashLitModule):
             keep = self.keep_proposal(conf, g)                                                 # [M]
             edit_in = blk.labels.clone()                                                       # [Q] x_a, x_{a+1}, ..
             edit_in[sel] = torch.where(keep, prop, labels)
-        h1 = self.model(self.target.embed_tokens(edit_in)[None], blk.positions[None], ctx_kv,
-                        make(anchors, s, b, causal=self.causal))[0]                            # [Q, H]
+        h1 = self.model(self.target.embed_tokens(edit_in)[None], blk.positions[None],
+                        mask=make(anchors, s, b, causal=self.causal), context=context)[0]      # [Q, H]
         ce1, pred1, _ = chunked_ce(self.target.lm_head, [h1[sel]], labels)                   # [M] each
         loss1 = (ce1 * w).sum() / (w.sum() + 1e-6)
         loss = loss0 + self.edit_weight * loss1

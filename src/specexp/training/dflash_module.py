@@ -1,14 +1,13 @@
 """Lightning module that trains a DFlash drafter on anchored blocks (training/anchors.py).
 
 The target's embedding and lm_head are shared and frozen; they are held outside the module's state (not
-saved in Lightning checkpoints, not given to the optimizer). Target taps come from the batch (feature cache)
-or from the frozen target inside the step (online).
+saved in Lightning checkpoints, not given to the optimizer, not wrapped by DDP / FSDP: training/distributed.py).
+Target taps come from the batch (feature cache) or from the frozen target inside the step (online).
 Recipe (paper + SpecForge): AdamW (wd 0), lr 6e-4, linear warm-up over 4 % of the steps then cosine to 0,
 gradient clipping 1.0 (Trainer), loss = sum(w * CE) / (sum(w) + 1e-6).
 """
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 
 import lightning as L
@@ -17,6 +16,7 @@ from omegaconf import OmegaConf
 
 from .. import checkpoints as ckpt
 from ..drafters.dflash import (
+    DecoderLayer,
     DFlashConfig,
     DFlashDraftModel,
     build_target_layer_ids,
@@ -24,7 +24,17 @@ from ..drafters.dflash import (
     init_weights,
     resolve_checkpoint,
 )
-from .anchors import adamw_cosine, build_blocks, default_gamma, dense_mask, flex_mask, leading_correct, sample_anchors
+from .anchors import (
+    adamw_cosine,
+    build_blocks,
+    default_gamma,
+    dense_mask,
+    flex_mask,
+    leading_correct,
+    sample_anchors,
+    step_generator,
+)
+from .distributed import no_loss
 from .losses import chunked_ce
 from .pipeline import TrainPlan
 
@@ -45,7 +55,7 @@ class DFlashLitModule(L.LightningModule):
     def blocks_loss(self, ids, loss_mask, taps, step: int):
         """Loss and metrics for one sequence: ids/loss_mask `[S]`, taps `[S, n*H]`."""
         c, dev = self.model.config, ids.device
-        g = torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/{step}".encode()))
+        g = step_generator(self.seed, step)
         anchors = sample_anchors(loss_mask.cpu(), self.num_anchors, g).to(dev)                 # [n]
         if anchors.numel() == 0:
             return None, {}
@@ -53,9 +63,11 @@ class DFlashLitModule(L.LightningModule):
         s = ids.numel()
         use_flex = self.attention == "flex" or (self.attention == "auto" and dev.type == "cuda")
         mask = flex_mask(anchors, s, c.block_size) if use_flex else dense_mask(anchors, s, c.block_size)
-        ctx_kv = self.model.context_kv(taps[None].to(self.model.fc.weight.dtype), torch.arange(s, device=dev)[None])
+        # the context stream, not per-layer K/V: each layer takes its K/V inside its own call (an FSDP unit)
+        context = self.model.context_stream(taps[None].to(self.model.fc.weight.dtype),
+                                            torch.arange(s, device=dev)[None])
         x = self.target.embed_tokens(blk.noise_ids)[None]                                      # [1, Q, H]
-        h = self.model(x, blk.positions[None], ctx_kv, mask)[0]                                # [Q, H]
+        h = self.model(x, blk.positions[None], mask=mask, context=context)[0]                  # [Q, H]
         sel = blk.weights > 0                                                                  # [Q]
         ce, pred, _ = chunked_ce(self.target.lm_head, [h[sel]], blk.labels[sel])              # [M] each
         w = blk.weights[sel]
@@ -78,7 +90,7 @@ class DFlashLitModule(L.LightningModule):
             taps = taps[0].clone()                 # an inference tensor cannot be saved for backward
         loss, m = self.blocks_loss(ids, lm, taps.to(self.device), self.global_step)
         if loss is None:
-            return None
+            return no_loss(self)
         self.log("train/loss", loss, prog_bar=True, batch_size=1)
         self.log("train/tau_sim", m.pop("tau_sim"), prog_bar=True, batch_size=1)
         self.log_dict({f"train/{k}": v for k, v in m.items()}, batch_size=1)
@@ -89,12 +101,18 @@ class DFlashLitModule(L.LightningModule):
 
 
 # ------------------------------------------------------------------------------------------------ the plan
-RESULT_FREE_TRAIN_KEYS = ("export_dir", "export_dtype", "eval_after", "log_every", "ckpt_every")
+# fsdp: how the same updates are laid out in memory (sharding, the checkpoint format), not what they are
+RESULT_FREE_TRAIN_KEYS = ("export_dir", "export_dtype", "eval_after", "log_every", "ckpt_every", "fsdp")
 
 
 def train_recipe(train) -> dict:
-    """The `train` keys that change the trained weights (the stage hash); export, logging and eval do not."""
-    return {k: v for k, v in OmegaConf.to_container(train, resolve=True).items() if k not in RESULT_FREE_TRAIN_KEYS}
+    """The `train` keys that change the trained weights (the stage hash); export, logging and eval do not.
+    `num_nodes` counts at any value but 1 (it multiplies the ranks), so stages named before it existed keep their
+    names."""
+    recipe = {k: v for k, v in OmegaConf.to_container(train, resolve=True).items() if k not in RESULT_FREE_TRAIN_KEYS}
+    if recipe.get("num_nodes") == 1:
+        del recipe["num_nodes"]
+    return recipe
 
 
 def drafter_config(drafter, target) -> tuple[DFlashConfig, Path | None]:
@@ -153,7 +171,8 @@ def backbone_plan(ctx, kind: str, title: str, make_module, extra: dict | None = 
         kind=kind, title=title, facts=facts, dataset=ctx.dataset(list(config.target_layer_ids)), module=module,
         save=save, payload={"drafter": config.to_dict(), "init": str(init_path), "train": train_recipe(tc),
                             "features": ctx.data.features, **(extra or {})},
-        eval_overrides=lambda path: {"init": "checkpoint", "checkpoint": path})
+        eval_overrides=lambda path: {"init": "checkpoint", "checkpoint": path},
+        fsdp_wrap=(DecoderLayer,))                    # train.strategy=fsdp: one FSDP unit per draft layer
 
 
 def plan(ctx):

@@ -12,7 +12,6 @@ CE(base) carries no gradient and lam only rescales the loss; it is kept for the 
 """
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 
 import lightning as L
@@ -22,7 +21,8 @@ from omegaconf import OmegaConf
 from ..drafters import domino
 from ..drafters.dflash import DFlashDraftModel, resolve_checkpoint
 from ..errors import check
-from .anchors import adamw_cosine, dense_mask, flex_mask, sample_anchors
+from .anchors import adamw_cosine, dense_mask, flex_mask, sample_anchors, step_generator
+from .distributed import no_loss
 from .losses import chunked_ce
 from .pipeline import TrainPlan
 
@@ -50,7 +50,7 @@ class DominoLitModule(L.LightningModule):
         backbone, t = self._frozen
         c, dev, s = backbone.config, ids.device, ids.numel()
         b, shifted = c.block_size, self.head.config.alignment == "shifted"
-        g = torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/{step}".encode()))
+        g = step_generator(self.seed, step)
         anchors = sample_anchors(loss_mask.cpu(), self.num_anchors, g).to(dev)                    # [n]
         if anchors.numel() == 0:
             return None
@@ -116,7 +116,7 @@ class DominoLitModule(L.LightningModule):
         total = max(1, int(self.trainer.estimated_stepping_batches))
         loss, m = self.domino_loss(ids, lm, taps.to(self.device).clone(), self.global_step, total)
         if loss is None:
-            return None
+            return no_loss(self)
         self.log("train/loss", loss, prog_bar=True, batch_size=1)
         self.log_dict({f"train/{k}": v for k, v in m.items()}, batch_size=1)
         return loss

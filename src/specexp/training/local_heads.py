@@ -10,7 +10,6 @@ The target's embedding and lm_head are shared and frozen (not in the module's st
 from __future__ import annotations
 
 import sys
-import zlib
 from pathlib import Path
 
 import lightning as L
@@ -21,8 +20,9 @@ from ..drafters import dels
 from ..drafters.dflash import DFlashDraftModel, resolve_checkpoint
 from ..errors import check, one_of
 from ..tracking import write_json
-from .anchors import adamw_cosine, sample_anchors
+from .anchors import adamw_cosine, sample_anchors, step_generator
 from .dflash_module import drafter_config
+from .distributed import no_loss
 from .losses import chunked_ce
 from .pipeline import TrainPlan, context, target_fingerprint
 
@@ -47,7 +47,7 @@ class LocalHeadLitModule(L.LightningModule):
         b, s = self.block_size, ids.numel()
         if s < b:
             return None
-        g = torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/{step}".encode()))
+        g = step_generator(self.seed, step)
         anchors = sample_anchors(loss_mask[: s - b + 2].cpu(), self.num_anchors, g).to(ids.device)   # a <= S-B
         if anchors.numel() == 0:
             return None
@@ -77,7 +77,7 @@ class LocalHeadLitModule(L.LightningModule):
         ids, lm = batch["ids"].to(self.device), batch["loss_mask"].to(self.device)
         loss, m = self.head_loss(ids, lm, self.global_step)
         if loss is None:
-            return None
+            return no_loss(self)
         self.log("train/loss", loss, prog_bar=True, batch_size=1)
         self.log("train/acc", m.pop("acc"), prog_bar=True, batch_size=1)
         self.log_dict({f"train/{k}": v for k, v in m.items()}, batch_size=1)
@@ -184,7 +184,7 @@ class FusionWeightsLitModule(L.LightningModule):
         backbone, head, lp, t = self._frozen
         c, s, dev = backbone.config, ids.numel(), ids.device
         b = c.block_size
-        g = torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/{step}".encode()))
+        g = step_generator(self.seed, step)
         anchors = sample_anchors(loss_mask.cpu(), self.num_anchors, g).to(dev)                    # [n]
         if anchors.numel() == 0:
             return None
@@ -216,7 +216,7 @@ class FusionWeightsLitModule(L.LightningModule):
             _, taps = t.forward(ids[None], 0, t.new_cache(), taps=self._frozen[0].config.target_layer_ids)
         loss = self.fused_loss(ids, lm, taps[0].clone(), self.global_step)
         if loss is None:
-            return None
+            return no_loss(self)
         self.log("train/loss", loss, prog_bar=True, batch_size=1)
         self.log_dict({f"train/alpha_k{k + 2}": a for k, a in enumerate(self.alpha.detach())}, batch_size=1)
         self.log_dict({f"train/beta_k{k + 2}": v for k, v in enumerate(self.beta.detach())}, batch_size=1)

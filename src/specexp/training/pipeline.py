@@ -10,19 +10,23 @@ Every stage is cached under `${paths.cache}/stages/` by a hash of what produced 
   <kind>-<hash>    the Lightning run (resumable checkpoints, metrics.csv) and the trained artifact
 
 so rerunning a command after an interruption continues where it stopped, and a finished pipeline costs
-nothing to rerun. A trainable drafter provides only its `plan` (its registry entry's `train`): what determines
+nothing to rerun. On several processes (DDP / FSDP, training/distributed.py) every rank runs this sequence; a
+stage is built once (under its lock) and global rank 0 alone writes the artifact, the card, the export and the
+run directory. A trainable drafter provides only its `plan` (its registry entry's `train`): what determines
 its weights, its dataset, its LightningModule, how to save the result and how evaluation loads it back. The run
 directory gets `train_summary.json` (with `"checkpoint"`: where the trained artifact is) and a `checkpoint` link
 to it.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import resource
 import shutil
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -36,6 +40,7 @@ from ..errors import check
 from ..targets import cache_root, resolve_device
 from ..tracking import write_json, write_text_atomic
 from . import data as D
+from .distributed import Placement, device_check, make_strategy, placement, whole_module
 
 
 # ------------------------------------------------------------------------------------------- stages
@@ -49,6 +54,17 @@ def stage_dir(stages: Path, kind: str, payload: dict) -> Path:
     return stages / f"{kind}-{D.digest(payload)}"
 
 
+@contextmanager
+def stage_lock(stage: Path):
+    """An exclusive lock on `stage/.lock` while a stage is checked and built: ranks that a launcher starts together
+    (torchrun, srun) run the stages before the fit at once; the first builds, the others wait here and then find
+    the stage done. Released when the file closes, or when its holder dies."""
+    stage.mkdir(parents=True, exist_ok=True)
+    with open(stage / ".lock", "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        yield
+
+
 def prepare_sequences(data, target_cfg, target, stages: Path) -> tuple[list[D.Sequence], str]:
     """Training sequences of the `data` config (regenerated and/or corpus answers) and a hash of their tokens."""
     convs = D.load_corpus(list(data.corpus), data.max_samples, data.shuffle_seed, data.get("corpus_dir"))
@@ -59,25 +75,25 @@ def prepare_sequences(data, target_cfg, target, stages: Path) -> tuple[list[D.Se
                    "max_samples": data.max_samples, "seed": data.shuffle_seed,
                    "regen": OmegaConf.to_container(r, resolve=True)}
         stage = stage_dir(stages, "regen", payload)
-        stage.mkdir(parents=True, exist_ok=True)
         out = stage / "regen.jsonl"
-        if not (stage / "DONE").exists():
-            t0 = time.perf_counter()
-            if data.get("regen_import"):
-                n = D.import_regen(data.regen_import, target, convs, out, OmegaConf.to_container(r, resolve=True))
-                print(f"specexp: {n} responses imported from {data.regen_import}", flush=True)
-            D.regenerate(target, convs, out, r.batch_size, r.max_new_tokens, r.temperature, r.top_p, r.top_k,
-                         data.shuffle_seed)
-            lines = [json.loads(x) for x in out.read_text().splitlines()]
-            write_json(stage / "DONE", {"sequences": len(lines), "seconds": time.perf_counter() - t0,
-                                        "response_tokens": sum(len(x["response_ids"]) for x in lines),
-                                        "stopped": sum(x["stopped"] for x in lines)})
-        print(f"specexp: regenerated data {stage} {json.loads((stage / 'DONE').read_text())}", flush=True)
-        if data.get("regen_export"):
-            prov = {"target_source": target.source, "target": payload["target"],
-                    "regen": payload["regen"], "corpus": payload["corpus"], "max_samples": data.max_samples}
-            print(f"specexp: packed {D.export_regen(out, Path(data.regen_export), prov)} into {data.regen_export}",
-                  flush=True)
+        with stage_lock(stage):             # ranks started together build it once (stage_lock)
+            if not (stage / "DONE").exists():
+                t0 = time.perf_counter()
+                if data.get("regen_import"):
+                    n = D.import_regen(data.regen_import, target, convs, out, OmegaConf.to_container(r, resolve=True))
+                    print(f"specexp: {n} responses imported from {data.regen_import}", flush=True)
+                D.regenerate(target, convs, out, r.batch_size, r.max_new_tokens, r.temperature, r.top_p, r.top_k,
+                             data.shuffle_seed)
+                lines = [json.loads(x) for x in out.read_text().splitlines()]
+                write_json(stage / "DONE", {"sequences": len(lines), "seconds": time.perf_counter() - t0,
+                                            "response_tokens": sum(len(x["response_ids"]) for x in lines),
+                                            "stopped": sum(x["stopped"] for x in lines)})
+            print(f"specexp: regenerated data {stage} {json.loads((stage / 'DONE').read_text())}", flush=True)
+            if data.get("regen_export"):
+                prov = {"target_source": target.source, "target": payload["target"],
+                        "regen": payload["regen"], "corpus": payload["corpus"], "max_samples": data.max_samples}
+                print(f"specexp: packed {D.export_regen(out, Path(data.regen_export), prov)} into {data.regen_export}",
+                      flush=True)
         seqs += D.sequences_from_regen(out, data.max_length, data.min_response_tokens)
     if data.corpus_answers:
         seqs += D.sequences_from_corpus(target, convs, data.max_length, data.min_response_tokens)
@@ -120,9 +136,11 @@ class TrainContext:
             dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[data.feature_dtype]
             meta = {"target": target_fingerprint(self.target_cfg, target), "layer_ids": list(layer_ids),
                     "dtype": data.feature_dtype, "data_hash": self.data_hash}
-            cache = D.FeatureCache(stage_dir(self.stages, "features", meta), meta)
-            if not cache.complete:
-                cache.build(target, self.seqs, list(layer_ids), dtype, data.shard_tokens)
+            root = stage_dir(self.stages, "features", meta)
+            with stage_lock(root):                 # ranks started together build it once
+                cache = D.FeatureCache(root, meta)
+                if not cache.complete:
+                    cache.build(target, self.seqs, list(layer_ids), dtype, data.shard_tokens)
             return cache.dataset()
         check(data.features == "online", f"data.features={data.features!r} is not valid; choose cache or online")
         return D.OnlineSequences(self.seqs)
@@ -147,6 +165,7 @@ class TrainPlan:
     eval_overrides: Callable[[str], dict] | None = None   # drafter keys that make eval load the artifact at a path
     facts: dict = field(default_factory=dict)       # static facts for the card (architecture, recipe)
     card: bool = True                               # write card.json / README.md beside the artifact
+    fsdp_wrap: tuple[type, ...] = ()                # module classes that are FSDP units of their own (a block)
 
 
 # ------------------------------------------------------------------------------------------- Lightning
@@ -185,9 +204,11 @@ def _throughput(device):
 
 
 def lightning_fit(train, logger, module, dataset, run_dir: Path, device: torch.device, epochs: int | None = None,
-                  wandb_config: dict | None = None, wandb_dir: Path | None = None):
+                  wandb_config: dict | None = None, wandb_dir: Path | None = None, where: Placement | None = None,
+                  wrap: tuple[type, ...] = ()):
     """Run Lightning on `module` over `dataset` (one sequence per batch) in `run_dir`, resuming from its last
-    checkpoint. Returns (trainer, seconds, precision). The only place a Trainer is made."""
+    checkpoint, on `where` (training/distributed.py; default: `device` and the `train` keys), FSDP units per `wrap`
+    class. Returns (trainer, seconds, precision). The only place a Trainer is made."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
@@ -204,15 +225,18 @@ def lightning_fit(train, logger, module, dataset, run_dir: Path, device: torch.d
         from lightning.pytorch.callbacks import LearningRateMonitor
 
         callbacks = [LearningRateMonitor(logging_interval="step"), _throughput(device)]
+    p = where or placement(str(device), tc)
     precision = tc.precision if tc.precision != "auto" else ("bf16-mixed" if device.type == "cuda" else "32-true")
     ckpt_dir = run_dir / "checkpoints"
     trainer = L.Trainer(
-        accelerator="gpu" if device.type == "cuda" else "cpu", devices=tc.devices, strategy=tc.strategy,
+        accelerator=p.accelerator, devices=p.devices, num_nodes=p.num_nodes,
+        strategy=make_strategy(p, tc.get("fsdp"), wrap), use_distributed_sampler=False,   # the sampler shards itself
         precision=precision, max_epochs=tc.epochs if epochs is None else epochs, max_steps=tc.max_steps,
         gradient_clip_val=tc.grad_clip, accumulate_grad_batches=tc.accumulate, logger=loggers,
         log_every_n_steps=tc.log_every,
         callbacks=[ModelCheckpoint(dirpath=str(ckpt_dir), save_last=True, save_top_k=0,
-                                   every_n_train_steps=tc.ckpt_every), ResumeState(sampler), *callbacks],
+                                   every_n_train_steps=tc.ckpt_every), ResumeState(sampler), device_check(p.device),
+                   *callbacks],
         enable_progress_bar=True, enable_model_summary=False, default_root_dir=str(run_dir),
     )
     last = last_checkpoint(ckpt_dir)
@@ -265,9 +289,10 @@ def _link(run_dir: Path, final: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- the tasks
-def context(cfg) -> TrainContext:
-    """The edge of training: build the target and the sequences from the root config, once."""
-    target = registry.build_target(cfg.target, resolve_device(cfg.device))
+def context(cfg, device: torch.device | None = None) -> TrainContext:
+    """The edge of training: build the target (on `device`, default the `device` key) and the sequences from the
+    root config, once."""
+    target = registry.build_target(cfg.target, device or resolve_device(cfg.device))
     stages = cache_root(cfg.paths.cache) / "stages"
     seqs, data_hash = prepare_sequences(cfg.data, cfg.target, target, stages)
     return TrainContext(target, cfg.target, seqs, data_hash, cfg.drafter, cfg.train, cfg.data, cfg.fusion, stages)
@@ -276,9 +301,10 @@ def context(cfg) -> TrainContext:
 def run_train(cfg, out_dir) -> dict:
     """`task=train drafter=NAME`: the drafter's plan through the shared sequence (module docstring)."""
     plan_fn = registry.trainer(cfg.drafter.name)
+    where = placement(cfg.device, cfg.train)         # before anything is built: a run that cannot be placed is one line
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    ctx = context(cfg)
+    ctx = context(cfg, where.device)                 # this rank's target on this rank's device
     plan: TrainPlan = plan_fn(ctx)
     tc, device = ctx.train, ctx.target.device
     run_dir = stage_dir(ctx.stages, plan.kind, {**plan.payload, "data": ctx.data_hash})
@@ -287,21 +313,34 @@ def run_train(cfg, out_dir) -> dict:
     trainer = None                                    # set when this call trains (a reused stage logs nothing)
     if (run_dir / "train.json").exists() and artifact.is_dir():
         result = json.loads((run_dir / "train.json").read_text())
+        if where.launch_rank != 0:                   # ranks started together (torchrun, srun): rank 0 writes
+            return {"rank": where.launch_rank, "steps": result["steps"]}
         print(f"specexp: reusing {artifact}", flush=True)
     else:
         module = plan.module()
         trainer, seconds, precision = lightning_fit(tc, cfg.logger, module, plan.dataset, run_dir, device, plan.epochs,
-                                                    OmegaConf.to_container(cfg, resolve=True), out_dir)
-        tmp = run_dir / "artifact.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        plan.save(module, tmp)
-        shutil.rmtree(artifact, ignore_errors=True)
-        os.replace(tmp, artifact)                     # the artifact appears whole or not at all
-        result = {"steps": trainer.global_step, "train_seconds": seconds, "peak_memory_mb": peak_memory_mb(device),
-                  "final_metrics": {k: float(v) for k, v in trainer.logged_metrics.items()}, "precision": precision,
-                  "trainable_params": sum(p.numel() for p in module.parameters() if p.requires_grad)}
-        write_json(run_dir / "train.json", result)
+                                                    OmegaConf.to_container(cfg, resolve=True), out_dir, where,
+                                                    plan.fsdp_wrap)
+        try:
+            trained = whole_module(trainer, module, plan.module)     # global rank 0 only (gathered under FSDP)
+            if trained is not None:
+                tmp = run_dir / "artifact.tmp"
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+                plan.save(trained, tmp)
+                shutil.rmtree(artifact, ignore_errors=True)
+                os.replace(tmp, artifact)             # the artifact appears whole or not at all
+                result = {"steps": trainer.global_step, "train_seconds": seconds,
+                          "peak_memory_mb": peak_memory_mb(device), "precision": precision,
+                          "final_metrics": {k: float(v) for k, v in trainer.logged_metrics.items()},
+                          "trainable_params": sum(p.numel() for p in trained.parameters() if p.requires_grad)}
+                write_json(run_dir / "train.json", result)
+        finally:                                      # also when rank 0 failed: no rank waits for it forever
+            trainer.strategy.barrier("specexp.artifact")
+        if not trainer.is_global_zero:                # the other ranks leave, having written nothing
+            print(f"specexp: rank {trainer.global_rank} trained {trainer.global_step} steps; rank 0 writes "
+                  f"{artifact}", flush=True)
+            return {"rank": trainer.global_rank, "steps": trainer.global_step}
     final = artifact
     if tc.export_dir:
         final = Path(tc.export_dir)

@@ -9,6 +9,13 @@ data and the randomness:
 - random generators: `ResumeState` stores torch's (CPU and CUDA), Python's and NumPy's generator states and the
   sampler's position with every checkpoint, and puts the generators back right before the first batch trained
   after a resume, where the uninterrupted run had them.
+Several ranks (DDP / FSDP, training/distributed.py): the sampler is the distributed one, not Lightning's (whose
+wrapper around a custom sampler never passes `set_epoch` on, so every epoch would repeat epoch 0's order, and
+whose index arithmetic breaks on a sampler shortened by a resume): each rank takes every world-th index of the
+epoch's permutation, padded as `DistributedSampler` pads, and its position counts its own batches (equal on all
+ranks). A checkpoint holds every rank's generator states (gathered when it is written) and the world size; a
+resume on another number of ranks is refused, since the data each rank has seen would no longer be the data it
+is given.
 The training modules' own per-step generators are seeded from (seed, global_step), which Lightning restores.
 
 `last_checkpoint` refuses a truncated or corrupt `last.ckpt` with one line naming the file.
@@ -35,6 +42,7 @@ class EpochSampler(torch.utils.data.Sampler[int]):
 
     def __init__(self, n: int, seed: int):
         self.n, self.seed = n, seed
+        self.rank, self.world = 0, 1    # this process's share (`shard`, from the trainer at setup)
         self.epoch = 0                  # set by Lightning at every epoch start (`set_epoch`)
         self.position = 0               # batches of `epoch` trained so far (advanced by `ResumeState`)
         self.resume_at: tuple[int, int] | None = None     # (epoch, position) restored from a checkpoint
@@ -42,8 +50,11 @@ class EpochSampler(torch.utils.data.Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def shard(self, rank: int, world: int) -> None:
+        self.rank, self.world = rank, world
+
     def __len__(self) -> int:
-        return self.n
+        return -(-self.n // self.world)                 # this rank's batches per epoch (ceil)
 
     def permutation(self, epoch: int) -> list[int]:
         g = torch.Generator().manual_seed(self.seed)
@@ -52,13 +63,21 @@ class EpochSampler(torch.utils.data.Sampler[int]):
             order = torch.randperm(self.n, generator=g)                     # [n]
         return order.tolist()
 
+    def indices(self, epoch: int) -> list[int]:
+        """This rank's share of epoch's permutation: the permutation padded by its own head to a multiple of the
+        world size (as `DistributedSampler(drop_last=False)`: at most world-1 repeats per epoch, so every rank runs
+        as many steps), then every world-th index from the rank's. One rank: the permutation itself."""
+        order, total = self.permutation(epoch), len(self) * self.world
+        order = (order * -(-total // max(self.n, 1)))[:total]
+        return order[self.rank::self.world]
+
     def __iter__(self):
         skip = 0
         if self.resume_at is not None and self.resume_at[0] == self.epoch:
             skip = self.resume_at[1]
         self.resume_at = None
         self.position = skip
-        yield from self.permutation(self.epoch)[skip:]
+        yield from self.indices(self.epoch)[skip:]
 
 
 def _rng_state() -> dict:
@@ -90,11 +109,15 @@ def _tuples(x):
 
 
 class ResumeState(L.Callback):
-    """Saves the sampler's position and every random generator's state with each checkpoint; restores them."""
+    """Saves the sampler's position and every random generator's state (of every rank) with each checkpoint;
+    restores them. Also gives the sampler its rank's share at setup, before Lightning sizes the epoch."""
 
     def __init__(self, sampler: EpochSampler):
         self.sampler = sampler
         self._rng: dict | None = None
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        self.sampler.shard(trainer.global_rank, trainer.world_size)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self._rng is not None:       # the first batch after a resume: generators as the uninterrupted run had them
@@ -105,20 +128,34 @@ class ResumeState(L.Callback):
         self.sampler.position += 1      # before ModelCheckpoint's hook (Lightning runs checkpoint callbacks last)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.sampler.epoch, "position": self.sampler.position, "rng": _rng_state()}
+        # Lightning builds a checkpoint's content on every rank (only its writing is rank 0's), so this collective
+        # is met by all ranks. "rng" stays rank 0's state: the key checkpoints of one process always had.
+        rng = [_rng_state()]
+        if self.sampler.world > 1:
+            rng = [None] * self.sampler.world
+            torch.distributed.all_gather_object(rng, _rng_state())
+        return {"epoch": self.sampler.epoch, "position": self.sampler.position, "rng": rng[0],
+                "world_size": self.sampler.world, **({"rng_ranks": rng} if len(rng) > 1 else {})}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        world = state_dict.get("world_size", 1)        # checkpoints from before several ranks: one process
+        if world != self.sampler.world:
+            raise UserError(f"the last checkpoint was trained on {world} process(es) and this run has "
+                            f"{self.sampler.world} (train.devices x train.num_nodes): an exact resume needs the "
+                            f"same number; rerun with {world}, or delete the stage's checkpoints/ to restart")
         self.sampler.resume_at = (state_dict["epoch"], state_dict["position"])
-        self._rng = state_dict["rng"]
+        self._rng = state_dict["rng_ranks"][self.sampler.rank] if world > 1 else state_dict["rng"]
 
 
 def last_checkpoint(ckpt_dir: Path) -> str | None:
-    """`ckpt_dir/last.ckpt` when there is one to resume from, else None; an unreadable one is one clear line."""
+    """`ckpt_dir/last.ckpt` when there is one to resume from, else None; an unreadable one is one clear line.
+    Under FSDP with `train.fsdp.state_dict_type=sharded` it is a directory of per-rank shards whose metadata
+    (`meta.pt`, written last by rank 0) is what is read here."""
     last = Path(ckpt_dir) / "last.ckpt"
     if not last.exists():
         return None
     try:                                # mmap: reads the archive's index, not the tensors
-        torch.load(last, map_location="cpu", weights_only=True, mmap=True)
+        torch.load(last / "meta.pt" if last.is_dir() else last, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:              # torch raises RuntimeError, EOFError, pickle errors, ... for a torn file
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise UserError(f"{last} is truncated or corrupt ({first}); delete it to restart this training "
