@@ -221,7 +221,7 @@ def _num_samples(v):
 
 
 def _dirs(v):
-    return isinstance(v, list) and len(v) > 0 and all(isinstance(x, str) and x for x in v)
+    return isinstance(v, list) and all(isinstance(x, str) and x for x in v)
 
 
 def _fusion_weight(v):
@@ -244,7 +244,7 @@ RULES = {
     "eval.check_lossless": (_one_of("auto", True, False), "auto, true or false"),
     "eval.near_tie": (_num(0), "a finite number >= 0 (a logit gap)"),
     "eval.shard": (shard_is_valid, SHARD_VALID),            # the grammar lives with the code that parses it
-    "merge.runs": (_dirs, "a non-empty list of shard directories (or directories holding them), e.g. "
+    "merge.runs": (_dirs, "a list of shard directories (or directories holding them), e.g. "
                           "merge.runs='[DIR0,DIR1]'"),
     "decoding.protocol": (_one_of("greedy", "A", "B"), "greedy, A or B"),
     "decoding.temperature": (_num(0), "a finite number >= 0"),

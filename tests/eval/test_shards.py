@@ -88,8 +88,8 @@ def test_shard_is_validated_before_any_work(tmp_path):
         validate(make_cfg([*TINY, "eval.shard=2/2"]), job={})
     with pytest.raises(UserError, match="eval.shard='0/2' applies to task=eval and task=replay only"):
         validate(make_cfg([*TINY, "task=train", "eval.shard=0/2"]), job={})
-    with pytest.raises(UserError, match=r"merge.runs=\[\] is not valid; expected a non-empty list"):
-        validate(make_cfg([*TINY, "task=merge"]), job={})
+    with pytest.raises(UserError, match=r"merge.runs='DIR' is not valid; expected a list of shard directories"):
+        validate(make_cfg([*TINY, "task=merge", "merge.runs=DIR"]), job={})
     validate(make_cfg([*TINY, "eval.shard=1/2"]), job={})
     validate(make_cfg([*TINY, "task=replay", "eval.shard=0/3"]), job={})
 

@@ -187,6 +187,8 @@ def _claim(out: Path, run: dict, text: str) -> None:
 def run_merge(cfg, out_dir) -> dict:
     """`task=merge`: see the module docstring. Returns the merged summary."""
     out = Path(out_dir)
+    check(len(cfg.merge.runs) > 0, "merge.runs is empty; name the shard directories of one run, e.g. "
+                                   "merge.runs='[DIR0,DIR1]', or the directory holding them")
     dirs = run_dirs(cfg.merge.runs)
     check(not any(d.resolve() == out.resolve() for d in dirs),
           f"hydra.run.dir={out} is one of merge.runs; the merged run needs a directory of its own")
