@@ -19,7 +19,10 @@ OUTSIDE = re.compile("|".join([r"(?<![\w-])" + "research" + r"/[\w.-]+", r"\b" +
 
 
 def groups() -> dict[str, set[str]]:
-    return {d.name: {p.stem for p in d.glob("*.yaml")} for d in sorted(CONF.iterdir()) if d.is_dir()}
+    """{group: options} of every directory under conf/ that holds option files, named by its path (`hydra/launcher`
+    for Hydra's own group conf/hydra/launcher/)."""
+    dirs = sorted(d for d in CONF.rglob("*") if d.is_dir() and any(d.glob("*.yaml")))
+    return {d.relative_to(CONF).as_posix(): {p.stem for p in d.glob("*.yaml")} for d in dirs}
 
 
 def cells(line: str) -> list[str]:

@@ -43,13 +43,57 @@ def plugin_config_dirs() -> list:
 
 
 def groups() -> dict[str, list[str]]:
-    """Options of every config group: the YAML files of conf/ and of the plugins' config directories."""
+    """Options of every config group: the YAML files of conf/ and of the plugins' config directories (not Hydra's
+    own groups under conf/hydra/: `launchers` checks those)."""
     out: dict[str, set[str]] = {}
     for root in [CONF_DIR, *plugin_config_dirs()]:
         for d in sorted(root.iterdir()):
-            if d.is_dir():
+            if d.is_dir() and d.name != "hydra":
                 out.setdefault(d.name, set()).update(p.stem for p in d.glob("*.yaml"))
     return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+# Hydra launcher plugins: their launcher names -> (pip package, the specexp extra that installs it).
+LAUNCHER_PLUGINS = {
+    "joblib": ("hydra-joblib-launcher", "joblib"),
+    "submitit_slurm": ("hydra-submitit-launcher", "slurm"),
+    "submitit_local": ("hydra-submitit-launcher", "slurm"),
+    "ray": ("hydra-ray-launcher", "ray"),
+    "ray_aws": ("hydra-ray-launcher", "ray"),
+}
+
+
+def installed_launchers() -> set[str]:
+    """The hydra/launcher names Hydra can load now: its own and those of the installed launcher plugins."""
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()                          # imports the installed plugins, which register their launchers
+    return {Path(n).stem for n in ConfigStore.instance().list("hydra/launcher")}
+
+
+def launchers() -> dict[str, str]:
+    """hydra/launcher options -> the launcher each one runs: Hydra's own and the plugins' (installed or not, by their
+    names), and specexp's conf/hydra/launcher/NAME.yaml, which extend a plugin's (their first defaults entry)."""
+    out = {name: name for name in sorted(installed_launchers() | set(LAUNCHER_PLUGINS))}
+    for f in sorted((CONF_DIR / "hydra" / "launcher").glob("*.yaml")):
+        out[f.stem] = str((OmegaConf.load(f).get("defaults") or ["basic"])[0])
+    return out
+
+
+def _check_launcher(parsed) -> None:
+    """`hydra/launcher=NAME`: an option, whose plugin is installed (else Hydra fails deep inside its own code)."""
+    for o in parsed:
+        if o.key_or_group != "hydra/launcher" or o.is_delete():
+            continue
+        known, installed = launchers(), installed_launchers()
+        for name in (list(o.sweep_string_iterator()) if o.is_sweep_override() else [str(o.value())]):
+            if name not in known:
+                fail(f"hydra/launcher={name} is not an option; choose one of: {', '.join(sorted(known))}")
+            if known[name] not in installed and known[name] in LAUNCHER_PLUGINS:
+                package, extra = LAUNCHER_PLUGINS[known[name]]
+                fail(f"hydra/launcher={name} needs the {package} plugin, which is not installed: "
+                     f"pip install -e '.[{extra}]' (or pip install {package})")
 
 
 def _overrides(argv: list[str]) -> list[str]:
@@ -96,6 +140,7 @@ def precheck(argv: list[str]) -> None:
     except HydraException as e:
         fail(_first_line(e))
     _check_output_dir(parsed, multirun=any(a in ("-m", "--multirun") for a in argv))
+    _check_launcher(parsed)
     options = groups()
     group_args = []
     for o in parsed:
