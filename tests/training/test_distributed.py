@@ -135,6 +135,7 @@ def dflash_plan(cfg, target, tmp_path):
 
 def test_fsdp_strategy_wraps_each_draft_layer_and_leaves_the_target_out(cfg_factory, tiny_target, tmp_path):
     from lightning.pytorch.strategies import FSDPStrategy
+    from omegaconf import OmegaConf
     from torch.distributed.fsdp import ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -152,6 +153,11 @@ def test_fsdp_strategy_wraps_each_draft_layer_and_leaves_the_target_out(cfg_fact
     assert isinstance(policy, ModuleWrapPolicy) and policy._module_classes == {DecoderLayer}
     assert strategy.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP and strategy._state_dict_type == "sharded"
     assert strategy.kwargs["use_orig_params"]                       # the optimizer sees the module's own parameters
+    # HYBRID_SHARD (shard within a node, replicate across nodes) gets its mesh, also for a part without blocks
+    hybrid = make_strategy(Placement("gpu", 8, 2, "fsdp", torch.device("cuda", 0), 0, 8),
+                           OmegaConf.create({"sharding_strategy": "HYBRID_SHARD", "state_dict_type": "full"}), ())
+    assert hybrid.sharding_strategy == ShardingStrategy.HYBRID_SHARD and hybrid.kwargs["device_mesh"] == (2, 8)
+    assert "auto_wrap_policy" not in hybrid.kwargs
     module = plan.module()
     units = policy._run_policy(module, ignored_modules=set(), root_kwargs={})
     assert {m for m in units if m is not module} == set(module.model.layers)       # one unit per draft layer

@@ -120,13 +120,15 @@ def placement(device: str, train) -> Placement:
 def make_strategy(p: Placement, fsdp, wrap: tuple[type, ...] = ()):
     """What the Trainer's `strategy=` gets: the name, or under fsdp an `FSDPStrategy` whose auto-wrap policy makes
     every module of a `wrap` class its own unit (none: the trained part is one unit), with `train.fsdp`'s
-    sharding strategy and checkpoint state-dict type."""
+    sharding strategy and checkpoint state-dict type. HYBRID_SHARD shards within a node and replicates across
+    nodes: its (nodes, processes per node) device mesh is given (Lightning requires one, or a wrap policy)."""
     if p.strategy != "fsdp":
         return p.strategy
     from lightning.pytorch.strategies import FSDPStrategy
 
+    mesh = {"device_mesh": (p.num_nodes, p.per_node)} if fsdp.sharding_strategy == "HYBRID_SHARD" else {}
     return FSDPStrategy(auto_wrap_policy=set(wrap) or None, sharding_strategy=fsdp.sharding_strategy,
-                        state_dict_type=fsdp.state_dict_type)
+                        state_dict_type=fsdp.state_dict_type, **mesh)
 
 
 def full_state_dict(fsdp_module, device: torch.device) -> dict | None:
