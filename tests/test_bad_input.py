@@ -115,6 +115,8 @@ CASES = [
     ("cpu_threads_0", [*SMALL, "cpu_threads=0"], "cpu_threads=0 is not valid; expected an int >= 1"),
     ("warmup_neg", [*SMALL, "eval.warmup=-3"], "eval.warmup=-3 is not valid; expected an int >= 0"),
     ("shuffle_seed_abc", [*SMALL, "eval.shuffle_seed=abc"], "eval.shuffle_seed='abc' is not valid; expected an int"),
+    ("split_bad", [*SMALL, "eval.split=test"], "eval.split='test' is not valid; expected eval or tune"),
+    ("tune_samples_neg", [*SMALL, "eval.tune_samples=-2"], "eval.tune_samples=-2 is not valid; expected an int >= 0"),
     ("bool_as_str", [*SMALL, "eval.save_text=abc"], "eval.save_text='abc' has type str; expected bool"),
     ("list_for_scalar", [*SMALL, "eval.max_new_tokens=[4]"], "eval.max_new_tokens=[4] is not valid"),
     ("scalar_for_list", [*SMALL, "benchmark.names=gsm8k"], "benchmark.names='gsm8k' is not valid; expected a non"),

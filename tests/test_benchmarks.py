@@ -38,3 +38,29 @@ def test_unknown_benchmark_is_named():
 
     with pytest.raises(UserError, match="benchmark 'gsm9k' is not valid"):
         B.load(["gsm9k"], 1)
+
+
+def test_tuning_and_evaluation_splits_are_disjoint_and_leave_small_selections_unchanged():
+    names = ["mt_bench", "aime25", "gsm8k"]
+    tune = {"mt_bench": 20, "gsm8k": 20}                                     # aime25 absent: 0, all evaluation
+    ev = B.load(names, None, split="eval", tune_samples=tune)
+    tu = B.load(names, None, split="tune", tune_samples=tune)
+    count = {n: sum(s.benchmark == n for s in ev) for n in names}
+    assert count == {"mt_bench": 60, "aime25": 30, "gsm8k": 1299}
+    assert [s.benchmark for s in tu].count("mt_bench") == 20 and not any(s.benchmark == "aime25" for s in tu)
+    assert not {s.id for s in ev} & {s.id for s in tu}
+    assert {s.id for s in ev} | {s.id for s in tu} == {s.id for s in B.load(names, None)}
+    # fewer than len - tune_samples: exactly the selection made before splits existed
+    assert [s.id for s in B.load(names, 50, tune_samples=tune)] == [s.id for s in B.load(names, 50)]
+    assert [s.id for s in B.load(["gsm8k"], 5, split="tune", tune_samples=20)] == [s.id for s in tu[-20:-15]]
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"split": "test"}, r"eval.split='test' is not valid; choose one of: eval, tune"),
+    ({"tune_samples": 30}, r"eval.tune_samples=30 for aime25 must be an int in \[0, 30\)"),
+    ({"tune_samples": -1}, r"eval.tune_samples=-1")])
+def test_bad_split_settings_are_named(kw, match):
+    from specexp.errors import UserError
+
+    with pytest.raises(UserError, match=match):
+        B.load(["aime25"], 5, **kw)

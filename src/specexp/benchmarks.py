@@ -6,6 +6,13 @@ user turn following the model's own previous answer. Selection: the file's sampl
 `random.Random(shuffle_seed)` and the first `num_samples` kept (the reference's current main does the same
 on its JSONL cache; its paper-era code used `datasets.shuffle(seed=0)`, a different subset).
 
+Splits: every choice made from measurements (fusion weights α/β, recipes, thresholds) is made on a **tuning
+split** disjoint from the **evaluation split**. Per benchmark, the tuning split is the last `tune_samples` prompts
+of the shuffled order and the evaluation split everything before them, so `split=eval` with
+`num_samples <= len - tune_samples` selects exactly what it selected before splits existed, and the two never
+share a prompt. `tune_samples` is an int (every benchmark) or a mapping name -> int (absent names: 0); the mini
+eval reserves 20 per benchmark except AIME25 (30 prompts, all of them evaluation prompts); the paper eval none.
+
 Formats: math (gsm8k, math500, aime25) = question + MATH_SUFFIX; humaneval = HUMANEVAL_WRAPPER; mbpp and
 livecodebench are staged already formatted (MBPP paper template; LCB "### Question / ### Format / ### Answer"
 prompt); mt_bench and alpaca are used as they are.
@@ -110,13 +117,17 @@ def _read_hf(name: str, spec: BenchmarkSpec) -> list[dict]:
     return rows
 
 
+SPLITS = ("eval", "tune")
+
+
 def load(names: list[str], num_samples, shuffle_seed: int = 0, source: str = "local",
-         data_dir: str | Path | None = None) -> list[Sample]:
-    """Samples of each named benchmark, in benchmark order.
+         data_dir: str | Path | None = None, split: str = "eval", tune_samples=0) -> list[Sample]:
+    """Samples of each named benchmark's `split` ("eval" or "tune", see the module docstring), in benchmark order.
 
     `num_samples`: None (all), an int (per benchmark), `"paper"` (the harness counts) or a mapping
-    name -> int | None.
+    name -> int | None; it counts within the split.
     """
+    check(split in SPLITS, f"eval.split={split!r} is not valid; choose one of: {', '.join(SPLITS)}")
     check(source in ("local", "hf"), f"benchmark.source={source!r} is not valid; choose one of: local, hf")
     data_dir = Path(data_dir) if data_dir else DATA_DIR
     out = []
@@ -125,6 +136,10 @@ def load(names: list[str], num_samples, shuffle_seed: int = 0, source: str = "lo
         spec = BENCHMARKS[name]
         rows = read_jsonl(data_dir / spec.file) if source == "local" else _read_hf(name, spec)
         random.Random(shuffle_seed).shuffle(rows)
+        t = tune_samples.get(name, 0) if hasattr(tune_samples, "get") else tune_samples
+        check(isinstance(t, int) and 0 <= t < len(rows), f"eval.tune_samples={t!r} for {name} must be an int in "
+                                                         f"[0, {len(rows)}) (it has {len(rows)} prompts)")
+        rows = rows[len(rows) - t:] if split == "tune" else rows[:len(rows) - t]
         n = num_samples.get(name) if hasattr(num_samples, "get") else num_samples
         if n == "paper":
             n = spec.paper_samples

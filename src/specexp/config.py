@@ -31,7 +31,7 @@ from .eval.shards import is_valid as shard_is_valid
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 ANY = "any"                                  # the type tag of a null or interpolated option value
-FREE_FORM = {"target.chat_kwargs", "eval.num_samples"}          # mappings whose keys are the user's
+FREE_FORM = {"target.chat_kwargs", "eval.num_samples", "eval.tune_samples"}  # mappings whose keys are the user's
 OPTIONAL_KEYS = {"data.corpus_dir": "str"}                      # read with .get(): absent from every option file
 
 
@@ -240,6 +240,9 @@ RULES = {
     "eval.num_samples": (_num_samples, "an int >= 1, null (all), 'paper' or a mapping {benchmark: int >= 1}"),
     "eval.max_new_tokens": (_int(1), "an int >= 1"),
     "eval.shuffle_seed": (_int(), "an int"),
+    "eval.split": (_one_of("eval", "tune"), "eval or tune"),
+    "eval.tune_samples": (lambda v: _int(0)(v) or isinstance(v, dict) and all(
+        isinstance(k, str) and _int(0)(n) for k, n in v.items()), "an int >= 0 or a mapping {benchmark: int >= 0}"),
     "eval.warmup": (_int(0), "an int >= 0"),
     "eval.check_lossless": (_one_of("auto", True, False), "auto, true or false"),
     "eval.near_tie": (_num(0), "a finite number >= 0 (a logit gap)"),
@@ -497,6 +500,8 @@ class EvalConfig(_FromCfg):
     num_samples: int | str | dict | None
     max_new_tokens: int
     shuffle_seed: int = 0
+    split: str = "eval"
+    tune_samples: int | dict = 0
     run_ar: bool = True
     check_lossless: bool | str = "auto"
     near_tie: float = 0.01
