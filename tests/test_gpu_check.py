@@ -1,0 +1,41 @@
+"""scripts/gpu_check.py --dry-run end to end (what a CPU can run of the first-GPU-contact check): every part runs in
+its own process and passes, and the one JSON report has the structure a person with a GPU will send back."""
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+PARTS = ["fusion_kernel", "fusion_tiles_compile", "head_loop_graph", "drafters_lossless", "protocol_b_graph",
+         "train_smoke", "qwen3_8b_shape"]
+
+
+@pytest.mark.slow
+def test_dry_run_writes_one_report_where_every_part_passed(tmp_path):
+    from specexp import registry
+    from specexp.kernels.fusion import AUTOTUNE, TILES
+
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run", "--out", str(out),
+                           "--work-dir", str(tmp_path / "work")], capture_output=True, text=True, timeout=1500)
+    r = json.loads(out.read_text())
+    failed = {n: (p["error"], p.get("log_tail")) for n, p in r["parts"].items() if p["status"] != "passed"}
+    assert proc.returncode == 0 and not failed, (proc.stdout[-3000:], failed)
+    assert r["specexp_gpu_check"] == 1 and r["mode"] == "dry-run" and list(r["parts"]) == PARTS
+    assert r["summary"] == {"passed": len(PARTS), "failed": 0, "skipped": 0}
+    assert {"torch", "triton", "transformers", "flash_attn", "python"} <= set(r["environment"])
+    for name, p in r["parts"].items():
+        assert {"status", "figures", "checks", "notes", "error", "seconds", "wall_s"} <= set(p), name
+        assert p["checks"] and all(v is True for v in p["checks"].values()), (name, p["checks"])
+    k = r["parts"]["fusion_kernel"]["figures"]
+    assert k["interpreted"] and set(k["tiles"]) == {"auto", *TILES} and k["fastest_tile_greedy"] in TILES
+    c = r["parts"]["fusion_tiles_compile"]["figures"]
+    assert c["arch"] == "sm_90" and all(c["per_thread"][f"{t}/greedy"]["stack"] == 0 for t in AUTOTUNE)
+    assert c["per_thread"]["1024x64w4/greedy"]["stack"] > 0                  # the first shipped tile spills
+    drafters = [n for n, e in registry.DRAFTERS.items() if e.build is not None]
+    assert set(r["parts"]["drafters_lossless"]["figures"]) == set(drafters)
+    q = r["parts"]["qwen3_8b_shape"]["figures"]
+    assert q["scaled"] and q["hbm"]["floor_ms"] > 0 and q["syncs"]["sdpa"]["verify"] is None     # no CUDA here
+    assert set(q["sequential_drafters"]) == {"dels_rnn", "dels_markov", "domino_ft"}
+    assert r["parts"]["train_smoke"]["figures"]["steps"] > 0
