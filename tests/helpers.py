@@ -175,3 +175,60 @@ STRONG = {
                   "drafter.head.guidance=3.0"],
     "dedit": ["drafter.edit.passes=2", "drafter.edit.early_stop=false"],
 }
+
+
+class ScriptedTarget:
+    """`target` (its taps, cache and positions) with made-up greedy choices: the logits at position p are a one-hot
+    of `script[p + 1]` (prompt + continuation ids), so its greedy continuation of the prompt is the script, with a
+    top-2 gap of 1 (no near-ties). With a script that follows a drafter (`follow_script`) acceptance goes as deep
+    as a well-trained drafter's on its own target, through the real engine and the real replay."""
+
+    def __init__(self, target, script: list[int]):
+        self.t, self.script = target, list(script)
+        self.device, self.vocab_size = target.device, target.vocab_size
+
+    def new_cache(self):
+        return self.t.new_cache()
+
+    def rollback(self, cache, k):
+        self.t.rollback(cache, k)
+
+    def choices(self, ids, start: int, last_only: bool) -> list[int]:
+        end = start + ids.shape[1]
+        positions = range(end - 1 if last_only else start, end)
+        return [self.script[p + 1] if p + 1 < len(self.script) else 0 for p in positions]
+
+    def forward(self, ids, start, cache, taps=(), last_only=False):
+        _, hidden = self.t.forward(ids, start, cache, taps=taps, last_only=True)    # the real taps and cache
+        chosen = self.choices(ids, start, last_only)
+        logits = torch.zeros(1, len(chosen), self.vocab_size, device=self.device)    # [1, T, V]
+        logits[0, torch.arange(len(chosen)), torch.tensor(chosen)] = 1.0
+        return logits, hidden
+
+
+class FollowingTarget(ScriptedTarget):
+    """Makes a script that follows a drafter: in the engine, each verified block `[anchor, d1..dk]` is taken as the
+    target's own choice for a uniform random number m in 0..k of drafts, then a different token (the bonus). Its
+    choices depend on the drafts, not on the sequence alone: use what it generates as a ScriptedTarget's script."""
+
+    def __init__(self, target, seed: int):
+        super().__init__(target, [])
+        self.g = torch.Generator().manual_seed(seed)
+
+    def _other(self, not_this: int) -> int:
+        t = int(torch.randint(self.vocab_size - 1, (), generator=self.g))
+        return t + (t >= not_this)
+
+    def choices(self, ids, start: int, last_only: bool) -> list[int]:
+        if last_only:                                 # the prefill: the first token
+            return [self._other(-1)]
+        block = ids[0].tolist()                       # [anchor, d1..dk]
+        m = int(torch.randint(len(block), (), generator=self.g))
+        return block[1: m + 1] + [self._other(block[m + 1] if m + 1 < len(block) else -1)] * (len(block) - m)
+
+
+def follow_script(target, drafter, prompt: list[int], n: int, seed: int = 0) -> list[int]:
+    """prompt + n tokens that agree with `drafter`'s greedy drafts for a random number of positions every round."""
+    from specexp.decoding.engine import DecodeConfig, generate
+
+    return prompt + generate(FollowingTarget(target, seed), drafter, prompt, DecodeConfig(max_new_tokens=n)).tokens

@@ -6,9 +6,11 @@ import json
 import pytest
 import torch
 
-from helpers import OracleDrafter
+from helpers import STRONG, OracleDrafter, ScriptedTarget, follow_script, micro_target
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
+from specexp.drafters import dedit
+from specexp.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashDraftModel, init_weights
 from specexp.errors import UserError
 from specexp.eval.replay import replay_turn, teacher_forced
 
@@ -110,6 +112,9 @@ def test_every_drafter_replays_as_the_engine_runs(cfg_factory, tiny_target, name
         assert online.tokens == ref
         assert gen.accept_lengths == online.accept_lengths or ties, (name, gen.accept_lengths, online.accept_lengths)
         assert [r["accepted"] for r in gen.rounds] == [r["accepted"] for r in online.rounds]
+        tf = teacher_forced(t, ids, ref, drafter.tap_layers)
+        fast, _ = replay_turn(drafter, ids, ref, tf, dc, near_tie=1e-3, batched=True)      # propose_all
+        assert fast.accept_lengths == gen.accept_lengths and _rounds(fast) == _rounds(gen), name
 
 
 def test_no_drafter_replays_to_one_token_per_round(tiny_target):
@@ -247,37 +252,146 @@ def test_mini_target_replay_equals_engine(cfg_factory):
         assert sum(gen.accept_lengths) == len(ref) - 1
 
 
-def test_dflash_propose_all_equals_propose_after_commits(tiny_target, tiny_dflash):
-    """The optional batched method: every anchor's drafts equal the protocol loop's (rows past the first draft that
-    differs from the sequence are -1), including full blocks when the sequence continues with the drafts."""
-    t, d = tiny_target, tiny_dflash
-    ids, ref = reference(t, PROMPTS[0], 20)
-    tf = teacher_forced(t, ids, ref, d.tap_layers)
-    seq, p, k = ids + ref, len(ids), d.max_drafts
-    loop = []
-    for j in range(len(ref) - 1):                       # the loop, committing one position per round
+# ------------------------------------------------------------------------ batched replay: propose_all
+HEAD = STRONG["dels_rnn"][:4]                           # small ranks, a loud random head (no fusion weights)
+VARIANTS = {                                            # config overrides, block size 8 (K = 7; shifted Domino 8)
+    "dflash": [],
+    "dels_rnn": ["drafter=dels_rnn", *STRONG["dels_rnn"]],
+    "dels_markov": ["drafter=dels_markov", *STRONG["dels_markov"]],
+    "dels_rnn-fusion_off": ["drafter=dels_rnn", *HEAD, "fusion=off"],
+    "dels_markov-per_draft": ["drafter=dels_markov", *HEAD, "fusion.alpha=[4.0,0.0,2.0,8.0,1.0,3.0]",
+                              "fusion.beta=[1.0,0.0,2.0,0.5,0.0,1.0]"],       # as fusion=learned reads them
+    "domino_ft": ["drafter=domino_ft", *STRONG["domino_ft"]],
+    "domino_ft-shifted": ["drafter=domino_ft", *STRONG["domino_ft"], "drafter.head.alignment=shifted"],
+}
+DEDIT = {                                               # DEditDrafter options on a loud random backbone
+    "dedit": dict(passes=2),
+    "dedit-threshold": dict(passes=3, rule="threshold", threshold=0.3),           # early stops after 1, 2, 3
+    "dedit-low_confidence-causal": dict(passes=3, rule="low_confidence", confidence=0.3, editor="causal"),
+    "dedit-window": dict(passes=3, window=9, verify=5),                             # W > K: right context
+    "dedit-no_early_stop": dict(passes=3, rule="threshold", threshold=0.3, early_stop=False),
+}
+
+
+@pytest.fixture(scope="module")
+def micro():
+    """A random Qwen3 with a 2048-token vocabulary: the drafters' vocabulary projections (the bulk of their work)
+    cost 1/74 of tiny_qwen3's, so every variant runs in the fast lane; the code paths are the same."""
+    return micro_target(vocab=2048, hidden=32, layers=2)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny matrices: one thread (an OpenMP team on a busy 2-core machine waits more than it computes)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _variant(cfg_factory, t, name):
+    if name in DEDIT:
+        model = init_weights(DFlashDraftModel(DFlashConfig.for_target(t, 1, 8, None)), 0, 0.3)
+        return dedit.DEditDrafter(DFlashDrafter(model.eval().requires_grad_(False), t), **DEDIT[name])
+    return registry.build_drafter(cfg_factory(*VARIANTS[name], "drafter.block_size=8").drafter, t)
+
+
+def _prompt(seed: int) -> list[int]:
+    return torch.randint(0, 2047, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("name", [*VARIANTS, *DEDIT])
+def test_propose_all_equals_propose_at_every_anchor(cfg_factory, micro, name):
+    """The optional batched method: at every anchor, under a random budget, the drafts equal what propose returns
+    after prefill of the context (rows past the first draft that differs from the sequence are -1; DEdit: every
+    row, and the round info). On a sequence that follows the drafter, so rows deep in the block (and the batched
+    loop states behind them) are compared, across chunk boundaries."""
+    t = micro
+    d = _variant(cfg_factory, t, name)
+    prompt = _prompt(0)
+    seq = follow_script(t, d, prompt, 40, seed=1)
+    p, k_max = len(prompt), d.max_drafts
+    _, taps = t.forward(torch.tensor([seq[:-1]]), 0, t.new_cache(), taps=d.tap_layers)
+    ks = torch.randint(0, k_max + 1, (len(seq) - p - 1,), generator=torch.Generator().manual_seed(0))
+    ks[::2] = k_max
+    out = d.propose_all(taps, torch.tensor(seq), p + torch.arange(len(ks)), ks, chunk=5)
+    every, infos = out if isinstance(out, tuple) else (out, None)
+    assert (infos is not None) == (name in DEDIT) and every.shape == (len(ks), k_max)
+    depth, passes = [], []
+    for j, k in enumerate(ks.tolist()):
+        s, got = p + j, every[j].tolist()
+        if k == 0:                                      # the engine does not propose there
+            assert got == [-1] * k_max and (infos is None or infos[j] is None)
+            continue
         d.reset()
-        d.prefill(tf["taps"][:, : p + j])
-        loop.append(d.propose(seq[p + j], p + j, k, None).tokens.tolist())
-    starts = p + torch.arange(len(ref) - 1)
-    every = d.propose_all(tf["taps"], torch.tensor(seq), starts, torch.full((len(ref) - 1,), k), chunk=7).tolist()
-    for j, (a, b) in enumerate(zip(every, loop)):
-        m = next((i for i in range(k) if b[i] != seq[p + j + 1 + i]), k)
-        assert a[: m + 1] == b[: m + 1] and all(x == -1 for x in a[m + 1:])
-    for j in (0, 5, 17):                                # a sequence that goes on with the drafts: every row computed
-        own = torch.tensor(seq[: p + j + 1] + loop[j])
-        row = d.propose_all(tf["taps"][:, : p + j], own, torch.tensor([p + j]), torch.tensor([k]))
-        assert row[0].tolist() == loop[j]
+        d.prefill(taps[:, :s])
+        prop = d.propose(seq[s], s, k, None)
+        loop = prop.tokens.tolist()
+        m = next((i for i in range(k) if loop[i] != seq[s + 1 + i]), k)                # drafts equal to the sequence
+        depth.append(m)
+        if infos is None:
+            assert got[: min(m + 1, k)] == loop[: m + 1] and got[m + 1:] == [-1] * (k_max - m - 1), (j, got, loop)
+        else:
+            assert got[:k] == loop and infos[j]["passes"] == prop.info["passes"], (j, got, loop, infos[j])
+            assert torch.equal(infos[j]["pre_edit"], prop.info["pre_edit"])
+            passes.append(prop.info["passes"])
+    assert max(depth) >= 5 and sum(m >= 3 for m in depth) >= 3, depth    # deep rows were compared
+    if name == "dedit-threshold":                       # blocks leave the batch at different passes
+        assert set(passes) == {1, 2, 3}, passes
 
 
-@pytest.mark.parametrize("n", [2, 9, 30])
-def test_batched_replay_equals_the_loop_and_the_engine(tiny_target, tiny_dflash, n):
-    t, d = tiny_target, tiny_dflash
-    ids, ref = reference(t, PROMPTS[1], n)
-    dc = DecodeConfig(max_new_tokens=n)
-    tf = teacher_forced(t, ids, ref, d.tap_layers)
-    batched, _ = replay_turn(d, ids, ref, tf, dc, near_tie=0.0, batched=True)
-    loop, _ = replay_turn(d, ids, ref, tf, dc, near_tie=0.0, batched=False)
-    online = generate(t, d, ids, dc)
-    assert batched.accept_lengths == loop.accept_lengths == online.accept_lengths
-    assert batched.drafted == online.drafted
+def _rounds(gen):
+    return [{k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in r.items()} for r in gen.rounds]
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("name", [*VARIANTS, *DEDIT])
+def test_batched_replay_equals_the_loop_and_the_engine(cfg_factory, micro, name):
+    """Turn by turn, through the real engine and the real replay, with a target whose greedy output follows the
+    drafter (acceptance goes deep): the accept lengths, drafts per round and DEdit's round info and edit metrics
+    of batched replay equal the protocol loop's and the online engine's, under budget caps (a budget of 2: no
+    drafts at all; partial blocks at the end) and stop tokens (the first token, inside accepted drafts, a bonus)."""
+    t = micro
+    d = _variant(cfg_factory, t, name)
+    prompt = _prompt(2)
+    script = follow_script(t, d, prompt, 40, seed=2)
+    target, cont = ScriptedTarget(t, script), script[len(prompt):]
+    full = generate(target, d, prompt, DecodeConfig(max_new_tokens=40))
+    assert full.tokens == cont and max(full.accept_lengths) >= 6, full.accept_lengths
+    if name == "dedit-threshold":                       # blocks leave the batch at different passes
+        assert {r["passes"] for r in full.rounds} == {1, 2, 3}, full.rounds
+    # stops (first occurrences in the output): the first token, an accepted draft followed by more accepted
+    # drafts (online verification accepts past it, replay truncates there), a later round's bonus
+    ends = [sum(full.accept_lengths[: i + 1]) for i in range(len(full.accept_lengths))]     # bonus index in cont
+    first = [i for i in range(len(cont)) if cont[i] not in cont[:i]]
+    inside = [i for e, n in zip(ends, full.accept_lengths) for i in range(e - n + 1, e - 1) if i in first]
+    bonus = [e for e in ends[2:] if e in first]
+    assert inside and bonus, (full.accept_lengths, cont)
+    cases = [(40, ()), (2, ()), (13, ()), (40, (cont[0],)), (40, (cont[inside[0]],)), (40, (cont[bonus[0]],))]
+    metrics = registry.drafter_entry("dedit").metrics
+    for n, stops in cases:
+        dc = DecodeConfig(max_new_tokens=n, stop_token_ids=stops)
+        online = generate(target, d, prompt, dc)
+        ref = cont[:n]
+        ref = ref[: next((i + 1 for i, x in enumerate(ref) if x in stops), n)]
+        assert online.tokens == ref, (n, stops)
+        tf = teacher_forced(target, prompt, ref, d.tap_layers)
+        batched, ties = replay_turn(d, prompt, ref, tf, dc, near_tie=0.5, batched=True)
+        loop, _ = replay_turn(d, prompt, ref, tf, dc, near_tie=0.5, batched=False)
+        assert ties == [], "a scripted target has no near-ties: every difference would be a bug"
+        assert batched.accept_lengths == loop.accept_lengths == online.accept_lengths, (n, stops)
+        assert batched.drafted == loop.drafted == online.drafted
+        assert _rounds(batched) == _rounds(loop)
+        if name not in DEDIT:
+            assert batched.rounds == []
+            continue
+        assert len(batched.rounds) == len(online.rounds) == sum(k > 0 for k in online.drafted)
+        for a, b in zip(_rounds(batched), _rounds(online)):
+            assert (a["passes"], a["pre_edit"], a["tokens"]) == (b["passes"], b["pre_edit"], b["tokens"])
+        assert metrics.turn(batched.rounds, True) == metrics.turn(loop.rounds, True)
+        # Online verification may accept drafts past the final stop token, which no reference can show (it ends
+        # there): the edit outcome of that last round is replay's own.
+        last = len(online.rounds) - (online.stop_reason == "stop")
+        assert (metrics.turn(batched.rounds, True)["edit_outcomes"][:last] ==
+                metrics.turn(online.rounds, True)["edit_outcomes"][:last])

@@ -15,7 +15,9 @@ known sequence, eval/replay.py, uses it when present and the loop above otherwis
                                    for each anchor position starts[i], the greedy drafts `[N, K]` that
                                    propose(ids[s], s, ks[i]) would return after prefill/commit of taps[:, :s].
                                    Drafts past the first one that differs from ids[s+1..] may be left at -1
-                                   (never computed): acceptance stops there.
+                                   (never computed): acceptance stops there. A drafter whose proposals carry
+                                   `info` returns `(drafts, infos)` instead: infos[i] = the `Proposal.info` of
+                                   that propose call (None where ks[i] = 0: the engine does not propose there).
 """
 from __future__ import annotations
 
@@ -69,3 +71,8 @@ def choose(logits: torch.Tensor, sampling: Sampling | None) -> Proposal:
         return Proposal(logits.argmax(-1))
     q = torch.softmax(logits.float() / sampling.temperature, dim=-1)                  # [K, V]
     return Proposal(torch.multinomial(q, 1, generator=sampling.generator)[:, 0], q)
+
+
+def sequence_at(ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """`ids[pos]` of a known sequence `[T]` at positions `[n]`, -2 past its end (no token: never a draft's match)."""
+    return torch.where(pos < len(ids), ids[pos.clamp(max=len(ids) - 1)], -2)

@@ -120,6 +120,51 @@ class DEditDrafter:
         info = {"passes": passes, "pre_edit": pre}
         return Proposal(draft[:k], None if q is None else q[:k], info=info)
 
+    @torch.inference_mode()
+    def propose_all(self, taps: torch.Tensor, ids: torch.Tensor, starts: torch.Tensor, ks: torch.Tensor,
+                    chunk: int = 32) -> tuple[torch.Tensor, list[dict | None]]:
+        """Greedy drafts and round info at many anchors of a known sequence (drafters/base.py): `propose` for a batch
+        of blocks, each pass one batched backbone pass (DFlash's) over the blocks still editing. A block leaves the
+        batch at the pass that changes nothing (greedy early stop, as `propose`: its draft and pass count are then
+        final), so each block runs exactly the passes `propose` runs; no row can be skipped, since every pass reads
+        the whole window. Returns drafts `[N, K]` (every row computed) and per anchor `propose`'s info
+        {passes, pre_edit [k]} (None where ks = 0)."""
+        b = self.backbone
+        dev = b.model.fc.weight.device
+        ids, starts, ks = ids.to(dev), starts.to(dev), ks.to(dev)
+        ctx = b.context(taps)
+        out = torch.full((len(starts), self.max_drafts), -1, dtype=torch.long, device=dev)  # [N, K]
+        infos: list[dict | None] = [None] * len(starts)
+        todo = torch.nonzero(ks > 0)[:, 0]                                                  # the engine proposes there
+        for c0 in range(0, len(todo), chunk):
+            at = todo[c0: c0 + chunk]                                                       # [n]
+            s, anchors = starts[at], ids[starts[at]]
+            l = self.batch_logits(ctx, b.mask_blocks(ids, s, self.window + 1), s, False)   # [n, W, V]
+            conf0 = torch.softmax(l.float(), -1).amax(-1)                                   # [n, W]
+            draft = self._pick(l, None)[0]                                                  # [n, W]
+            pre, passes = draft.clone(), torch.zeros(len(at), dtype=torch.long, device=dev)
+            live = torch.arange(len(at), device=dev)                                        # blocks still editing
+            for e in range(1, self.passes + 1):
+                if live.numel() == 0:
+                    break
+                cur = draft[live]                                                           # [a, W]
+                block = torch.cat([anchors[live, None], cur], 1)                            # [a, W+1]
+                l = self.batch_logits(ctx, block, s[live], self.causal)                     # [a, W, V]
+                edit = self.edits(torch.softmax(l.float(), -1), cur, conf0[live])           # [a, W]
+                new = torch.where(edit, self._pick(l, None)[0], cur)                        # [a, W]
+                passes[live] = e
+                draft[live] = new
+                if self.early_stop:
+                    live = live[(new != cur).any(-1)]
+            out[at] = draft[:, : self.max_drafts]
+            for i, j in enumerate(at.tolist()):
+                infos[j] = {"passes": int(passes[i]), "pre_edit": pre[i, : int(ks[j])]}
+        return out, infos
+
+    def batch_logits(self, ctx, block: torch.Tensor, starts: torch.Tensor, causal: bool) -> torch.Tensor:
+        """`logits` for a batch of windows `[n, W+1]` (propose_all) → `[n, W, V]` of rows 1..W."""
+        return self.backbone.lm_head(self.backbone.blocks(ctx, block, starts, causal)[:, 1:])
+
     @staticmethod
     def _pick(logits: torch.Tensor, sampling: Sampling | None):
         if sampling is None:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from .. import checkpoints as ckpt
 from ..errors import UserError, check, one_of
 from . import dflash
-from .sequential import SequentialDrafter, check_fusion_options, random_init
+from .sequential import SequentialDrafter, check_fusion_options, gru_step, matvec, random_init
 from .sequential import head_init as resolve_head_init
 
 WEIGHTS_FILE, PRIOR_FILE = ckpt.WEIGHTS_FILE, "log_prior.safetensors"
@@ -194,30 +194,22 @@ class MergedHead:
                 self.w_rank = head.rank_proj.weight.to(device=device, dtype=dtype)       # [r, G]
         self.rank = self.w_out.shape[1]
 
-    def _gru(self, x: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
-        """One bias-free torch.nn.GRU step; h = None is the zero state."""
-        gi = self.w_ih @ x                                                               # [3G]
-        gh = torch.zeros_like(gi) if h is None else self.w_hh @ h                        # [3G]
-        i_r, i_z, i_n = gi.chunk(3)
-        h_r, h_z, h_n = gh.chunk(3)
-        r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
-        n = torch.tanh(i_n + r * h_n)
-        return (1 - z) * n if h is None else (1 - z) * n + z * h                        # [G]
-
+    # One block: a token `[]`, a state `[G]` | `[r]`; a batch of blocks (propose_all): tokens `[a]`, states `[a, ...]`.
     def _row(self, token: torch.Tensor) -> torch.Tensor:
         # index_select, not table[token]: a 0-d tensor index is read on the host, which a CUDA graph forbids
-        return self.in_table.index_select(0, token.view(1))[0]                           # [r_in]
+        rows = self.in_table.index_select(0, token.view(-1))                             # [a, r_in]
+        return rows[0] if token.dim() == 0 else rows
 
     def begin(self, token: torch.Tensor) -> torch.Tensor:
         x = self._row(token)
-        return self._gru(x, None) if self.kind == "rnn" else x
+        return gru_step(self.w_ih, self.w_hh, x, None) if self.kind == "rnn" else x
 
     def advance(self, state: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
         x = self._row(token)
-        return self._gru(x, state) if self.kind == "rnn" else x
+        return gru_step(self.w_ih, self.w_hh, x, state) if self.kind == "rnn" else x
 
     def feature(self, state: torch.Tensor) -> torch.Tensor:
-        return self.act(self.w_rank @ state) if self.kind == "rnn" else state           # [r]
+        return self.act(matvec(self.w_rank, state)) if self.kind == "rnn" else state    # [r] | [a, r]
 
 
 def per_position(name: str, value, n: int) -> list[float]:

@@ -27,7 +27,7 @@ from torch import nn
 
 from .. import checkpoints as ckpt
 from ..errors import UserError, check
-from .base import Proposal, Sampling, choose
+from .base import Proposal, Sampling, choose, sequence_at
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -356,6 +356,34 @@ class DFlashDrafter:
     def propose(self, anchor: int, start: int, k: int, sampling: Sampling | None) -> Proposal:
         return choose(self.block_logits(anchor, start, k)[1], sampling)
 
+    # --- many anchors of a known sequence at once (greedy replay: drafters/base.py, propose_all)
+    @torch.inference_mode()
+    def context(self, taps: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per-layer context K/V `[1, Hkv, C, D]` of a known sequence's taps `[1, C, n*H]` (positions 0..C-1)."""
+        pos = torch.arange(taps.shape[1], device=taps.device)[None]                        # [1, C]
+        return self.model.context_kv(taps.to(self.model.fc.weight.dtype), pos)
+
+    @torch.inference_mode()
+    def blocks(self, ctx, block: torch.Tensor, starts: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        """Hidden `[n, Q, H]` of n blocks `[n, Q]` in one pass, block i at positions starts[i] .. starts[i]+Q-1.
+        Block i attends to the context before its own anchor (what `propose` sees after prefill/commit of exactly
+        those positions) and to its own rows: all of them, or those at or before the query with `causal`."""
+        n, q = block.shape
+        dev, c = block.device, ctx[0][0].shape[2]
+        pos = starts[:, None] + torch.arange(q, device=dev)                                 # [n, Q]
+        sees = torch.arange(c, device=dev)[None] < starts[:, None]                          # [n, C] context < anchor
+        own = torch.ones(q, q, dtype=torch.bool, device=dev)                                # [Q, Q]
+        own = own.tril() if causal else own
+        mask = torch.cat([sees[:, None].expand(n, q, c), own.expand(n, q, q)], -1)[:, None]   # [n, 1, Q, C+Q]
+        kv = [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in ctx]
+        return self.model(self.embed(block), pos, kv, mask)                                 # [n, Q, H]
+
+    def mask_blocks(self, ids: torch.Tensor, starts: torch.Tensor, width: int | None = None) -> torch.Tensor:
+        """`[anchor, MASK x (width-1)]` at each anchor position of `ids` → `[n, width]` (default: block size)."""
+        block = torch.full((len(starts), width or self.block_size), self.mask_token_id, device=ids.device)
+        block[:, 0] = ids[starts]
+        return block
+
     @torch.inference_mode()
     def propose_all(self, taps: torch.Tensor, ids: torch.Tensor, starts: torch.Tensor, ks: torch.Tensor,
                     chunk: int = 64) -> torch.Tensor:
@@ -363,33 +391,21 @@ class DFlashDrafter:
         each attending to the context before its own anchor (as training does), then the lm_head row by row only
         for the blocks whose drafts so far equal the sequence: the vocabulary projection dominates a round's cost
         and acceptance usually ends at the first draft. Returns `[N, K]`, -1 where not computed."""
-        dev, b = self.model.fc.weight.device, self.block_size
-        ctx_len = taps.shape[1]
-        ctx = self.model.context_kv(taps.to(self.model.fc.weight.dtype),
-                                    torch.arange(ctx_len, device=dev)[None])                # per layer [1, Hkv, C, D]
+        dev = self.model.fc.weight.device
+        ctx = self.context(taps)
         ids, starts, ks = ids.to(dev), starts.to(dev), ks.to(dev)
         out = torch.full((len(starts), self.max_drafts), -1, dtype=torch.long, device=dev)  # [N, K]
         for c0 in range(0, len(starts), chunk):
             s, k = starts[c0: c0 + chunk], ks[c0: c0 + chunk]                               # [n]
-            n = len(s)
-            pos = s[:, None] + torch.arange(b, device=dev)                                  # [n, B]
-            block = torch.full((n, b), self.mask_token_id, device=dev)
-            block[:, 0] = ids[s]                                                            # [n, B]
-            sees = torch.arange(ctx_len, device=dev)[None] < s[:, None]                    # [n, C] context < anchor
-            mask = torch.cat([sees, torch.ones(n, b, dtype=torch.bool, device=dev)], 1)     # [n, C+B]
-            mask = mask[:, None, None].expand(n, 1, b, ctx_len + b)                         # [n, 1, B, C+B]
-            kv = [(k_.expand(n, -1, -1, -1), v_.expand(n, -1, -1, -1)) for k_, v_ in ctx]
-            hidden = self.model(self.embed(block), pos, kv, mask)                           # [n, B, H]
-            alive = torch.arange(n, device=dev)
+            hidden = self.blocks(ctx, self.mask_blocks(ids, s), s)                          # [n, B, H]
+            alive = torch.arange(len(s), device=dev)
             for r in range(1, self.max_drafts + 1):
                 alive = alive[k[alive] >= r]
                 if alive.numel() == 0:
                     break
                 d = self.lm_head(hidden[alive, r]).argmax(-1)                               # [a]
                 out[c0 + alive, r - 1] = d
-                nxt = s[alive] + r
-                truth = torch.where(nxt < len(ids), ids[nxt.clamp(max=len(ids) - 1)], -2)
-                alive = alive[d == truth]
+                alive = alive[d == sequence_at(ids, s[alive] + r)]
         return out
 
 

@@ -30,7 +30,7 @@ from torch import nn
 from .. import checkpoints as ckpt
 from ..errors import UserError, check, one_of
 from . import dflash
-from .sequential import SequentialDrafter, check_fusion_options, random_init
+from .sequential import SequentialDrafter, check_fusion_options, gru_step, matvec, random_init
 from .sequential import head_init as resolve_head_init
 
 WEIGHTS_FILE = ckpt.WEIGHTS_FILE
@@ -111,18 +111,13 @@ class DominoDrafter(SequentialDrafter):
         super().__init__(backbone, w_out, torch.zeros(c.vocab_size), [float(guidance)] * max(k - 1, 0),
                          [0.0] * max(k - 1, 0), k, backend, cuda_graph)
         self.config, self.guidance, self.name = c, float(guidance), "domino_ft"
+        self.first_row = c.first_row
         self.embed = embed                                                                 # [V, H] frozen
 
     def _gru(self, token: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
-        """One bias-free torch.nn.GRU step on E[token]; h = None is the zero state."""
-        x = self.embed.index_select(0, token.view(1))[0]                                  # [H]
-        gi = self.w_ih @ x                                                                 # [3G]
-        gh = torch.zeros_like(gi) if h is None else self.w_hh @ h                          # [3G]
-        i_r, i_z, i_n = gi.chunk(3)
-        h_r, h_z, h_n = gh.chunk(3)
-        r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
-        n = torch.tanh(i_n + r * h_n)
-        return (1 - z) * n if h is None else (1 - z) * n + z * h                         # [G]
+        """One GRU step on E[token] (`[]` → `[G]`; a batch of blocks, propose_all: `[a]` → `[a, G]`)."""
+        x = self.embed.index_select(0, token.view(-1))                                    # [a, H]
+        return gru_step(self.w_ih, self.w_hh, x[0] if token.dim() == 0 else x, h)
 
     def block_inputs(self, anchor: int, start: int, k: int) -> dict[str, torch.Tensor]:
         hidden, _ = self.backbone.block_logits(anchor, start, 0)                           # [1, B, H]
@@ -135,7 +130,7 @@ class DominoDrafter(SequentialDrafter):
         return self._gru(first, self._gru(x["anchor"], None))                              # after [a, d1]
 
     def feature(self, x, state, i):
-        return F.silu(self.w1_z @ x["hidden"][i] + self.w1_s @ state)                      # [r]
+        return F.silu(matvec(self.w1_z, x["hidden"][i]) + matvec(self.w1_s, state))        # [r] | [a, r]
 
     def advance(self, state, token):
         return self._gru(token, state)

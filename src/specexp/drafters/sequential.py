@@ -20,7 +20,7 @@ import torch
 
 from ..errors import check, one_of
 from ..kernels.fusion import BACKENDS, TritonFusion, fuse_torch, fused_logits, gumbel, pick_backend
-from .base import LazyDist, Proposal, Sampling
+from .base import LazyDist, Proposal, Sampling, sequence_at
 
 
 def check_fusion_options(fusion) -> None:
@@ -37,6 +37,23 @@ def random_init(module: torch.nn.Module, seed: int, std: float) -> torch.nn.Modu
         for p in module.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * std)
     return module
+
+
+def matvec(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """`w [O, I]` applied to one vector `x [I]` (propose: the matrix-vector product) or to a batch of them `x [a, I]`
+    (propose_all: the blocks still alive at a row, one matrix product) → `[O]` | `[a, O]`."""
+    return w @ x if x.dim() == 1 else x @ w.T
+
+
+def gru_step(w_ih: torch.Tensor, w_hh: torch.Tensor, x: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
+    """One bias-free torch.nn.GRU step (gates r, z, n) on `x [I]` or `[a, I]`; h = None is the zero state."""
+    gi = matvec(w_ih, x)                                                                # [..., 3G]
+    gh = torch.zeros_like(gi) if h is None else matvec(w_hh, h)                         # [..., 3G]
+    i_r, i_z, i_n = gi.chunk(3, -1)
+    h_r, h_z, h_n = gh.chunk(3, -1)
+    r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
+    n = torch.tanh(i_n + r * h_n)
+    return (1 - z) * n if h is None else (1 - z) * n + z * h                          # [..., G]
 
 
 def head_init(cfg, target, what: str, train_cmd: str) -> str:
@@ -58,6 +75,7 @@ def head_init(cfg, target, what: str, train_cmd: str) -> str:
 
 class SequentialDrafter:
     name: str
+    first_row = 1                     # backbone block row of draft 1 (0 for a shifted Domino backbone)
 
     def __init__(self, backbone, w_out: torch.Tensor, log_prior: torch.Tensor, alpha: list[float],
                  beta: list[float], max_drafts: int, backend: str = "auto", cuda_graph: str | bool = "auto"):
@@ -155,6 +173,42 @@ class SequentialDrafter:
             return Proposal(tokens)
         t = sampling.temperature
         return Proposal(tokens, LazyDist(probs, lambda j: torch.softmax(self.fused_row(long[j], zs[j], j) / t, -1)))
+
+    @torch.inference_mode()
+    def propose_all(self, taps: torch.Tensor, ids: torch.Tensor, starts: torch.Tensor, ks: torch.Tensor,
+                    chunk: int = 64) -> torch.Tensor:
+        """Greedy drafts at many anchors of a known sequence (drafters/base.py): the backbone's blocks in one batched
+        pass per chunk (DFlash's), then `draft`'s loop over a batch of blocks, row i only for the blocks whose
+        drafts so far equal the sequence (acceptance ends at the first that does not). The loop state is per block
+        and reads only the block (its anchor, rows, drafts so far), so for those blocks it is the state after the
+        sequence's own tokens: one batched begin / feature / advance serves them all, and each row goes through
+        the same fusion (kernels/fusion.py, the torch reference). Returns `[N, K]`, -1 where not computed."""
+        bb, dev = self.backbone, self.w_out.device
+        ids, starts, ks = ids.to(dev), starts.to(dev), ks.to(dev)
+        ctx = bb.context(taps)
+        out = torch.full((len(starts), self.max_drafts), -1, dtype=torch.long, device=dev)  # [N, K]
+        for c0 in range(0, len(starts), chunk):
+            s, k = starts[c0: c0 + chunk], ks[c0: c0 + chunk]                               # [n]
+            hidden = bb.blocks(ctx, bb.mask_blocks(ids, s), s)                              # [n, B, H]
+            rows = hidden[:, self.first_row: self.first_row + self.max_drafts].transpose(0, 1)   # [K, n, H]
+            alive, state, d = torch.arange(len(s), device=dev)[k > 0], None, None
+            for i in range(self.max_drafts):
+                if alive.numel() == 0:
+                    break
+                # what `draft` reads, for the alive blocks: per-row tensors [K, a, ...] (x[name][i] = row i of each)
+                x = {"hidden": rows[:, alive], "anchor": ids[s[alive]]}
+                if i == 1:
+                    state = self.begin(x, d)
+                elif i > 1:
+                    state = self.advance(state, d)
+                z = self.zero_z if i == 0 else self.feature(x, state, i)                    # [r] | [a, r]
+                a, b = self._weights(i)
+                d = fuse_torch(bb.lm_head(rows[i, alive]), z, self.w_out, a, b, self.log_prior)[0]   # [a]
+                out[c0 + alive, i] = d
+                go = (d == sequence_at(ids, s[alive] + i + 1)) & (k[alive] > i + 1)        # right, and a next row
+                alive, d = alive[go], d[go]
+                state = state[go] if state is not None else None
+        return out
 
     def _replay(self, x: dict, temperature: float, generator):
         """CUDA graph of the whole block loop, one per temperature, on static buffers sized for K drafts;

@@ -90,18 +90,20 @@ def replay_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc: Decode
     (tokens = the reference, accept_lengths, drafted, rounds) and the indices of near-tie rounds.
 
     `batched`: when the drafter has the optional `propose_all` (drafters/base.py), draft at every anchor of the
-    reference in one batched call first (its drafts at an anchor depend only on what precedes it), then walk the
-    rounds; otherwise (or without it) drive prefill / propose / commit round by round, as the engine does."""
+    reference in one batched call first (its drafts at an anchor depend only on what precedes it; with the round
+    info of each anchor where its proposals carry info, DEdit), then walk the rounds; otherwise (or without it)
+    drive prefill / propose / commit round by round, as the engine does."""
     prompt_len = len(prompt)
     stops = set(dc.stop_token_ids)
     gen = Generation(prompt_len=prompt_len, tokens=list(ref))
     gen.stop_reason = "stop" if ref and ref[-1] in stops else "length"
     taps, gap = tf["taps"], tf["gap"]
     k_max = drafter.max_drafts if drafter is not None else 0
-    every = None
+    every = infos = None
     if drafter is not None and batched and hasattr(drafter, "propose_all") and len(ref) > 1:
         ks = torch.tensor([_budget(j, k_max, dc) for j in range(len(ref) - 1)])                  # [L-1]
         every = drafter.propose_all(taps, torch.tensor(prompt + ref), prompt_len + torch.arange(len(ref) - 1), ks)
+        every, infos = every if isinstance(every, tuple) else (every, None)          # infos: per-anchor round info
         every = every.tolist()                                                                   # [L-1][K]
     elif drafter is not None:
         drafter.reset()
@@ -120,9 +122,11 @@ def replay_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc: Decode
         done = j + committed == len(ref) - 1 and ref[-1] in stops
         if float(gap[j + 1: j + 1 + min(n + 1, len(ref) - 1 - j)].min()) < near_tie:
             ties.append(len(gen.accept_lengths))
-        if drafts is not None and drafts.info is not None:
+        info = drafts.info if drafts is not None else infos[j] if infos is not None else None
+        if info is not None:
             bonus = ref[j + n + 1] if j + n + 1 < len(ref) else -1  # -1: past the reference (unknown, never equal)
-            gen.rounds.append({**drafts.info, "tokens": drafts.tokens, "accepted": n, "bonus": bonus})
+            tokens = drafts.tokens if drafts is not None else torch.tensor(d)
+            gen.rounds.append({**info, "tokens": tokens, "accepted": n, "bonus": bonus})
         if drafter is not None and every is None and not done and produced + committed < dc.max_new_tokens:
             drafter.commit(n, taps[:, prompt_len + j: prompt_len + j + n + 1] if taps is not None else None)
         gen.accept_lengths.append(committed)
