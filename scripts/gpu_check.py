@@ -394,9 +394,10 @@ def part_drafters_lossless(ctx) -> dict:
                              "lossless_mismatches": s["lossless_mismatches"],
                              "lossless_near_ties": s.get("lossless_near_ties"), "seconds": time.perf_counter() - t0,
                              "overrides": o}
-            checks[f"{name}_lossless"] = s["lossless_mismatches"] == 0 and not s.get("lossless_near_ties")
+            checks[f"{name}_lossless"] = s["lossless_mismatches"] == 0      # near-ties are reported, not failed
     return {"figures": figures, "checks": checks,
-            "notes": ["fp32: exact equality with AR expected, near-ties included" +
+            "notes": ["fp32: equality with AR expected; a verify-block vs AR-step near-tie (gap < eval.near_tie, "
+                      "0.01) on GPU kernels is counted in lossless_near_ties and does not fail the check" +
                       ("; DeLS / Domino-FT with fusion.kernel=triton fusion.cuda_graph=true" if dev.type == "cuda"
                        else "; CPU: the fusion kernel's torch reference, no CUDA graph")]}
 
@@ -581,12 +582,14 @@ def part_qwen3_8b_shape(ctx) -> dict:
                 t.forward(block, P, c2, taps=taps)
                 t.rollback(c2, B)
 
+            diff = float((l_sdpa - lb).abs().max())
+            same = l_sdpa.argmax(-1) == top                                                       # [B]
+            clear = top2_gap(l_sdpa) > 2 * diff          # no rounding within `diff` can flip these argmaxes
             f["sdpa"] = {"verify_ms_per_block": time_ms(verify_sdpa, dev, iters),
-                         "syncs": {"verify": syncs_of(verify_sdpa, dev)},
-                         "max_abs_logit_diff_vs_fa2": float((l_sdpa - lb).abs().max()),
-                         "argmax_agreement_vs_fa2": float((l_sdpa.argmax(-1) == top).float().mean())}
-            # random weights: logits of std ~1 over 151936 tokens leave top-2 gaps of ~0.3, a few may flip in bf16
-            checks["fa2_matches_sdpa_argmax"] = f["sdpa"]["argmax_agreement_vs_fa2"] >= 0.75
+                         "syncs": {"verify": syncs_of(verify_sdpa, dev)}, "max_abs_logit_diff_vs_fa2": diff,
+                         "argmax_agreement_vs_fa2": float(same.float().mean()), "clear_positions": int(clear.sum())}
+            # a wrong mask or wrong lengths move logits by O(their spread); bf16 rounding by a small fraction of it
+            checks["fa2_matches_sdpa"] = diff < 0.25 * f["verify_vs_ar"]["logit_std"] and bool(same[clear].all())
             c2 = None
         model.set_attn_implementation(impl)
 
