@@ -91,7 +91,7 @@ for _e in (
                  checkpoints=_with(DFLASH_CHECKPOINTS, "smollm2_135m", **{"head.checkpoint": f"{MINI}-dels-markov"}),
                  summary="DeLS-Spec: DFlash + rank-256 bigram local head + unigram prior"),
     DrafterEntry("domino_ft", domino.build, train="specexp.training.domino_module:plan",
-                 checkpoints=DFLASH_CHECKPOINTS,
+                 checkpoints=_with(DFLASH_CHECKPOINTS, "smollm2_135m", **{"head.checkpoint": f"{MINI}-domino-ft"}),
                  summary="Domino-FT: DFlash + prefix GRU + low-rank residual head"),
     DrafterEntry("dedit", dedit.build, train="specexp.training.dedit_module:plan", metrics=dedit.METRICS,
                  summary="DEdit: DFlash-architecture unmasking + token-to-token edit passes"),
