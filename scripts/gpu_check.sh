@@ -8,4 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
-exec "${PYTHON:-python3}" scripts/gpu_check.py "$@"
+PY="${PYTHON:-python3}"
+"$PY" -c "import torch" 2>/dev/null || {
+  echo "gpu_check.sh: $PY cannot import torch; set PYTHON=/path/to/python of the environment that holds it" >&2; exit 2; }
+exec "$PY" scripts/gpu_check.py "$@"
