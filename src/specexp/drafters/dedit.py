@@ -140,7 +140,8 @@ class DEditDrafter:
             at = todo[c0: c0 + chunk]                                                       # [n]
             s, anchors = starts[at], ids[starts[at]]
             l = self.batch_logits(ctx, b.mask_blocks(ids, s, self.window + 1), s, False)   # [n, W, V]
-            conf0 = torch.softmax(l.float(), -1).amax(-1)                                   # [n, W]
+            # pass-0 confidence: only the low_confidence rule reads it (a softmax over the vocabulary per row)
+            conf0 = torch.softmax(l.float(), -1).amax(-1) if self.rule == "low_confidence" else None   # [n, W]
             draft = self._pick(l, None)[0]                                                  # [n, W]
             pre, passes = draft.clone(), torch.zeros(len(at), dtype=torch.long, device=dev)
             live = torch.arange(len(at), device=dev)                                        # blocks still editing
@@ -150,7 +151,7 @@ class DEditDrafter:
                 cur = draft[live]                                                           # [a, W]
                 block = torch.cat([anchors[live, None], cur], 1)                            # [a, W+1]
                 l = self.batch_logits(ctx, block, s[live], self.causal)                     # [a, W, V]
-                edit = self.edits(torch.softmax(l.float(), -1), cur, conf0[live])           # [a, W]
+                edit = self.edits(torch.softmax(l.float(), -1), cur, None if conf0 is None else conf0[live])
                 new = torch.where(edit, self._pick(l, None)[0], cur)                        # [a, W]
                 passes[live] = e
                 draft[live] = new
@@ -163,7 +164,9 @@ class DEditDrafter:
 
     def batch_logits(self, ctx, block: torch.Tensor, starts: torch.Tensor, causal: bool) -> torch.Tensor:
         """`logits` for a batch of windows `[n, W+1]` (propose_all) → `[n, W, V]` of rows 1..W."""
-        return self.backbone.lm_head(self.backbone.blocks(ctx, block, starts, causal)[:, 1:])
+        h = self.backbone.blocks(ctx, block, starts, causal)[:, 1:]                         # [n, W, H]
+        # One [n*W, H] product: the strided 3-D slice would run as n small ones, each as slow as propose's.
+        return self.backbone.lm_head(h.reshape(-1, h.shape[-1])).view(*h.shape[:2], -1)     # [n, W, V]
 
     @staticmethod
     def _pick(logits: torch.Tensor, sampling: Sampling | None):
