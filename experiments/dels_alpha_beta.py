@@ -4,8 +4,10 @@ Reads DIR/*/summary.json + config.yaml of a Hydra multirun; never imported by th
     python -m specexp -m --config-dir sweeps --config-name dels_alpha_beta     # -> multirun/dels_alpha_beta
     python experiments/dels_alpha_beta.py multirun/dels_alpha_beta [--metric tau|speedup]
 
-Writes into DIR: alpha_beta.png (heatmap of macro τ; row-normalised: τ / best τ of the same α;
-best β per α with its τ) and alpha_beta.md (the grid as a table, the best cell marked).
+Writes into DIR: alpha_beta.png and alpha_beta.md. The panels are the paper's (arXiv 2607.07409, Figure 2):
+macro τ over the grid, the prior's effect τ(α, β) − τ(α, 0), and per α the best β's gain
+max_β τ(α, β) − τ(α, 0) (with that β); without a β = 0 column the last two fall back to τ / best τ of the
+row and the best β's τ. The markdown holds the grid, the τ(α, β) − τ(α, 0) grid and the gain per α.
 """
 import argparse
 import json
@@ -46,6 +48,21 @@ def table(grid, alphas, betas, metric: str, title: str) -> str:
     lines += ["", f"best: α={best[0]:g}, β={best[1]:g}, {metric} {grid[best]:.3f}{ci(CIS.get(best))}"]
     if (0.0, 0.0) in grid:
         lines.append(f"α=β=0 (DFlash's own drafts): {metric} {grid[(0.0, 0.0)]:.3f}{ci(CIS.get((0.0, 0.0)))}")
+    if 0.0 in betas:                    # the paper's panels (Figure 2) as numbers: gain over β = 0 of the same α
+        lines += ["", f"{metric}(α, β) − {metric}(α, 0) (Figure 2, middle panel):", "",
+                  "| α \\ β | " + " | ".join(f"{b:g}" for b in betas) + " |", "|---|" + "---:|" * len(betas)]
+        for a in alphas:
+            base = grid.get((a, 0.0))
+            lines.append(f"| {a:g} | " + " | ".join(
+                "–" if base is None or grid.get((a, b)) is None else f"{grid[(a, b)] - base:+.3f}" for b in betas)
+                + " |")
+        lines += ["", "best β's gain per α, max_β τ(α, β) − τ(α, 0) (Figure 2, right panel):", "",
+                  "| α | best β | gain |", "|---|---:|---:|"]
+        for a in alphas:
+            row = {b: grid[(a, b)] for b in betas if (a, b) in grid}
+            if (a, 0.0) in grid:
+                b = max(row, key=row.get)
+                lines.append(f"| {a:g} | {b:g} | {row[b] - grid[(a, 0.0)]:+.3f} |")
     if CIS:
         lines.append("For a claim that one cell beats another, compare the two runs paired: "
                      "python -m specexp task=compare compare.a=DIR compare.b=DIR")
@@ -53,7 +70,7 @@ def table(grid, alphas, betas, metric: str, title: str) -> str:
 
 
 def figure(grid, alphas, betas, metric: str, title: str, out: Path) -> None:
-    plots.grid_heatmap(grid, alphas, betas, metric, title, out)     # the same figure task=report draws
+    plots.grid_heatmap(grid, alphas, betas, metric, title, out, baseline_col=0.0)   # task=report's figure
 
 
 def main(argv=None):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dels_table import cost_table  # noqa: E402
+from paper_values import comparison  # noqa: E402
 
 
 def gain(dels: float, dflash: float, dom: float) -> str:
@@ -43,7 +44,8 @@ def main():
     for i, label in ((1, "gain ratio Markov / Domino-FT"), (2, "gain ratio RNN / Domino-FT")):
         gains = " | ".join(gain(tau[i][j], tau[0][j], tau[3][j]) for j in range(len(cols)))
         lines.append(f"| {label} | {gains} |")
-    text = "\n".join(lines) + "\n" + ("\n" + cost_table(args.cards) if args.cards else "")
+    paper = comparison("dels_t3", [(x["drafter"], x, {}) for x in s], "DeLS-Spec Table 3")
+    text = "\n".join(lines) + "\n\n" + paper + ("\n" + cost_table(args.cards) if args.cards else "")
     (args.out or args.runs[0] / "table3.md").write_text(text)
     print(text)
 

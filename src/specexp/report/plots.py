@@ -114,9 +114,13 @@ def tau_histograms(runs: dict[str, dict], path) -> Path:
 
 # ----------------------------------------------------------------------------------------------- sweeps
 def grid_heatmap(grid: dict[tuple[float, float], float], alphas: list[float], betas: list[float], metric: str,
-                 title: str, path, row_label: str = "α (local head)", col_label: str = "β (prior)") -> Path:
-    """DeLS-Spec Figure 2 layout for any two swept numbers: the grid of `metric` (rows `alphas`, columns `betas`),
-    the grid normalised by the best value of its row, and the best column value per row with its metric."""
+                 title: str, path, row_label: str = "α (local head)", col_label: str = "β (prior)",
+                 baseline_col: float | None = None) -> Path:
+    """The grid of `metric` (rows `alphas`, columns `betas`) and two panels read from it. With `baseline_col`
+    (DeLS-Spec Figure 2: β = 0) they are the paper's: the gain over the row's baseline column,
+    m(α, β) − m(α, β₀), and per row the best column's gain max_β m(α, β) − m(α, β₀) with that best column.
+    Without it (any two swept numbers): the grid normalised by the best value of its row, and the best column
+    value per row with its metric."""
     plt = _plt()
     import numpy as np
 
@@ -125,9 +129,13 @@ def grid_heatmap(grid: dict[tuple[float, float], float], alphas: list[float], be
         for j, b in enumerate(betas):
             m[i, j] = grid.get((a, b), np.nan)
     fig, ax = plt.subplots(1, 3, figsize=(15, 4.4))
+    paper = baseline_col is not None and baseline_col in betas
     with np.errstate(invalid="ignore", divide="ignore"):
-        norm = m / np.nanmax(m, axis=1, keepdims=True)
-    for k, (data, name) in enumerate([(m, f"macro {metric}"), (norm, f"{metric} / best of the row")]):
+        if paper:
+            second = (m - m[:, [betas.index(baseline_col)]], f"{metric}(α, β) − {metric}(α, {baseline_col:g})")
+        else:
+            second = (m / np.nanmax(m, axis=1, keepdims=True), f"{metric} / best of the row")
+    for k, (data, name) in enumerate([(m, f"macro {metric}"), second]):
         im = ax[k].imshow(data, origin="lower", cmap="viridis", aspect="auto")
         ax[k].set_xticks(range(len(betas)), [f"{b:g}" for b in betas])
         ax[k].set_yticks(range(len(alphas)), [f"{a:g}" for a in alphas])
@@ -145,10 +153,17 @@ def grid_heatmap(grid: dict[tuple[float, float], float], alphas: list[float], be
     ax[2].set_xlabel(r)
     ax[2].set_ylabel(f"best {c}")
     tw = ax[2].twinx()
-    tw.plot([a for a, _ in rows], [float(np.nanmax(v)) for _, v in rows], "s--", color="tab:orange",
-            label=f"{metric} at best {c}")
-    tw.set_ylabel(f"macro {metric} at best {c}")
-    ax[2].set_title(f"best {c} per {r}")
+    if paper:
+        j0 = betas.index(baseline_col)
+        tw.plot([a for a, _ in rows], [float(np.nanmax(v) - v[j0]) for _, v in rows], "s--", color="tab:orange",
+                label=f"gain of the best {c} over {c} = {baseline_col:g}")
+        tw.set_ylabel(f"max_{c} {metric}({r}, {c}) − {metric}({r}, {baseline_col:g})")
+        ax[2].set_title(f"best {c}'s gain per {r}")
+    else:
+        tw.plot([a for a, _ in rows], [float(np.nanmax(v)) for _, v in rows], "s--", color="tab:orange",
+                label=f"{metric} at best {c}")
+        tw.set_ylabel(f"macro {metric} at best {c}")
+        ax[2].set_title(f"best {c} per {r}")
     fig.legend(loc="lower right")
     fig.suptitle(title)
     return _save(fig, path)
