@@ -84,7 +84,8 @@ def cost_table(cards: list[Path]) -> str:
     for c in cards:                                   # a checkpoint directory or a card.json itself
         card = json.loads((c / "card.json" if c.is_dir() else c).read_text())
         head = card.get("head", {})
-        kind = head.get("kind") or ("domino" if head.get("architecture") == "domino_head" else "dflash")
+        kind = head.get("kind") or ("domino" if head.get("architecture") == "domino_head"
+                                    or card.get("kind") == "domino_ft" else card.get("kind") or "dflash")
         params = card.get("trainable_params")
         n_params = "–" if params is None else f"{params:,}"
         row = find_row(table, target=card.get("target"), part=PART.get(kind, kind)) or {}
