@@ -94,6 +94,7 @@ for _e in (
                  checkpoints=_with(DFLASH_CHECKPOINTS, "smollm2_135m", **{"head.checkpoint": f"{MINI}-domino-ft"}),
                  summary="Domino-FT: DFlash + prefix GRU + low-rank residual head"),
     DrafterEntry("dedit", dedit.build, train="specexp.training.dedit_module:plan", metrics=dedit.METRICS,
+                 checkpoints={"smollm2_135m": {"checkpoint": f"{MINI}-dedit"}},
                  summary="DEdit: DFlash-architecture unmasking + token-to-token edit passes"),
 ):
     register_drafter(_e)
