@@ -71,17 +71,23 @@ def load_corpus(names: list[str], max_samples: int | None, seed: int,
 
 
 # ------------------------------------------------------------------------------------------ regeneration
-def regenerate(target, convs: list[Conversation], out_file: Path, batch_size: int, max_new_tokens: int,
-               temperature: float, top_p: float, top_k: int, seed: int) -> None:
-    """The target answers every prompt (batched, left-padded); one JSON line per conversation, appended per
-    batch, so an interrupted run resumes where it stopped. Greedy when `temperature == 0`."""
+def answered_ids(out_file: Path) -> set[str]:
+    """Ids already answered in a regeneration JSONL; a torn last line does not count (that one is redone)."""
     done = set()
     if out_file.exists():
         for line in out_file.read_text().splitlines():
             try:
                 done.add(json.loads(line)["id"])
             except json.JSONDecodeError:
-                pass                                     # a torn last line: that conversation is redone
+                pass
+    return done
+
+
+def regenerate(target, convs: list[Conversation], out_file: Path, batch_size: int, max_new_tokens: int,
+               temperature: float, top_p: float, top_k: int, seed: int) -> None:
+    """The target answers every prompt (batched, left-padded); one JSON line per conversation, appended per
+    batch, so an interrupted run resumes where it stopped. Greedy when `temperature == 0`."""
+    done = answered_ids(out_file)
     todo = [c for c in convs if c.id not in done]
     prompts = {c.id: target.encode_chat([{"role": "user", "content": c.user}]) for c in todo}
     todo.sort(key=lambda c: len(prompts[c.id]))          # similar lengths per batch: less padding
@@ -336,13 +342,7 @@ def import_regen(src: Path, target, convs: list[Conversation], out_file: Path, r
     check(arr.ndim == 1 and len(arr) == sum(p + r for _, p, r, _ in m["rows"]),
           f"data.regen_import: {tpath} holds {arr.size} tokens; its manifest lists "
           f"{sum(p + r for _, p, r, _ in m['rows'])}")
-    done = set()
-    if out_file.exists():
-        for line in out_file.read_text().splitlines():
-            try:
-                done.add(json.loads(line)["id"])
-            except json.JSONDecodeError:
-                pass
+    done = answered_ids(out_file)
     wanted = {c.id: c for c in convs if c.id not in done}
     lines, off = [], 0
     for id_, p, r, stopped in m["rows"]:
