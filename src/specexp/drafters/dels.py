@@ -234,6 +234,7 @@ class DeLSDrafter(SequentialDrafter):
         super().__init__(backbone, head.w_out, log_prior, per_position("alpha", alpha, n),
                          per_position("beta", beta, n), backbone.max_drafts, backend, cuda_graph)
         self.head, self.name = head, f"dels_{head.kind}"
+        self.first_row = getattr(backbone, "first_row", 1)          # 0 on a shifted (DSpark-format) backbone
 
     def block_inputs(self, anchor: int, start: int, k: int) -> dict[str, torch.Tensor]:
         return {"long": self.backbone.block_logits(anchor, start, k)[1]}                   # [k, V]
@@ -296,6 +297,15 @@ def build(cfg, target) -> DeLSDrafter:
         check(f.exists(), f"fusion=learned: no {FUSION_WEIGHTS_FILE} in {path} (train it with task=train "
                           f"drafter={cfg.name} drafter.head.train.part=fusion_weights train.export_dir={path})")
         learned = json.loads(f.read_text())
+        n = max(backbone.max_drafts - 1, 0)
+        for key in ("alpha", "beta"):
+            vals = learned.get(key)
+            if isinstance(vals, list) and len(vals) > n:
+                # DeLS-Spec plugs a head trained at block 16 (14 fused drafts) into shorter drafters (DSpark block 7:
+                # 6 fused drafts) with its per-position lists cut to the first n entries.
+                print(f"specexp: fusion=learned: {key} has {len(vals)} per-position weights, the backbone fuses "
+                      f"{n} drafts: using the first {n}", flush=True)
+                learned[key] = vals[:n]
         alpha = learned["alpha"] if alpha == "learned" else alpha
         beta = learned["beta"] if beta == "learned" else beta
     return DeLSDrafter(backbone, merged, log_prior, alpha, beta, fu.kernel, fu.cuda_graph)

@@ -12,6 +12,10 @@ Forward (per call): ctx = hidden_norm(fc(concat taps)) is fed to every layer; ea
 the block only, its keys/values are [k_proj(ctx); k_proj(block)] (same weights, k_norm on both, RoPE at
 absolute positions), no causal mask. Block position k >= 1 predicts the token at anchor + k; position 0's
 output is discarded. The draft cache keeps only context K/V; block K/V are recomputed every step.
+
+Also read (read-only): the DSpark-format DFlash drafters of DeepSpec (`DSparkDFlashModel`, below): the same layers
+plus their own embedding and lm_head, DFlash fields at the top level of config.json, and the shifted alignment
+(row k >= 0 predicts anchor + k + 1, B drafts). `load_model` picks the class from config.json.
 """
 from __future__ import annotations
 
@@ -238,6 +242,8 @@ class DecoderLayer(nn.Module):
 
 
 class DFlashDraftModel(nn.Module):
+    first_row = 1                                        # block row of draft 1: row k predicts x_{a+k} (unshifted)
+
     def __init__(self, config: DFlashConfig):
         super().__init__()
         c = self.config = config
@@ -310,6 +316,84 @@ def init_weights(model: DFlashDraftModel, seed: int, std: float = 0.02) -> DFlas
     return model
 
 
+# ------------------------------------------------------------------- DSpark-format (DeepSpec) DFlash drafters
+# The DeepSpec DFlash releases (`deepseek-ai/dflash_qwen3_{4b,8b}_block7`, docs/checkpoints.md) are DSpark models
+# with the Markov and confidence heads disabled: the same layers, `fc`, `hidden_norm` and `norm` as the z-lab
+# format, plus their own `embed_tokens.weight` [V, H] and `lm_head.weight` [V, H] (copies of the target's, frozen
+# in training), the DFlash fields at the top level of config.json, and the shifted alignment: block
+# [a, MASK x (B-1)], row k (k = 0..B-1) predicts x_{a+k+1}, so B drafts per round.
+DSPARK_ARCH = "Qwen3DSparkModel"
+DSPARK_ONLY = ("num_anchors", "enable_confidence_head", "confidence_head_with_markov", "markov_rank",
+               "markov_head_type")
+
+
+def is_dspark(raw: dict) -> bool:
+    archs = raw.get("architectures")
+    return isinstance(archs, list) and DSPARK_ARCH in archs
+
+
+def dspark_config(raw: dict, where: str) -> DFlashConfig:
+    """A DSpark-format config.json as a DFlashConfig; only the plain DFlash variant (no Markov head, no confidence
+    head, taps of decoder layers) is accepted, each other case one line naming the field."""
+    d = json.loads(json.dumps(raw))
+    for k in ("block_size", "num_target_layers", "mask_token_id", "target_layer_ids"):
+        check(k in d, f"{where} lacks {k} (a DSpark-format DFlash config carries it at the top level)")
+    markov = d.get("markov_rank", 0)
+    check(_is_int(markov) and markov == 0,
+          f"{where}: markov_rank={markov!r}: a DSpark drafter with its own Markov head is not a DFlash drafter; "
+          "only markov_rank=0 (the deepseek-ai/dflash_* releases) loads")
+    check(d.get("enable_confidence_head", False) is False,
+          f"{where}: enable_confidence_head={d.get('enable_confidence_head')!r}: the confidence head is not "
+          "supported; only enable_confidence_head=false loads")
+    ids = d.get("target_layer_ids")
+    check(not (isinstance(ids, list) and -1 in ids),
+          f"{where}: target_layer_ids={ids!r}: -1 (the embedding output) is not a tap this project provides; "
+          "use decoder layer ids 0..L-1")
+    dc = {"mask_token_id": d.pop("mask_token_id"), "target_layer_ids": d.pop("target_layer_ids")}
+    dc.update({k: d.pop(k) for k in DSPARK_ONLY if k in d})       # kept (written back by nobody), not used
+    return DFlashConfig.from_dict({**d, "dflash_config": dc}, where)
+
+
+class DSparkDFlashModel(DFlashDraftModel):
+    """DFlashDraftModel with its own token embedding and lm_head, drafting from block row 0 (shifted)."""
+
+    first_row = 0
+
+    def __init__(self, config: DFlashConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype | None = None,
+                        device: str | torch.device = "cpu", where: str | None = None) -> "DSparkDFlashModel":
+        where = where or f"drafter.checkpoint={str(path)!r}"
+        raw = ckpt.read_config(path, where)
+        check(is_dspark(raw), f"{where}: config.json architectures {raw.get('architectures')!r}, expected "
+                              f"[{DSPARK_ARCH!r}]")
+        config = dspark_config(raw, f"{where}: config.json")
+        with torch.device("meta"):
+            model = cls(config)
+        ckpt.load_module(model, path, where)
+        return model.to(device=device, dtype=dtype).eval()
+
+    def save_pretrained(self, path, dtype=None) -> None:
+        raise UserError("a DSpark-format drafter is read-only here (it is not a format this project trains)")
+
+
+def load_model(path: str | os.PathLike, where: str) -> DFlashDraftModel:
+    """The drafter model of a checkpoint directory, by its format: z-lab DFlash, or DSpark-format DFlash."""
+    raw = ckpt.read_config(path, where)
+    if is_dspark(raw):
+        return DSparkDFlashModel.from_pretrained(path, where=where)
+    dc = raw.get("dflash_config")
+    if isinstance(dc, dict) and dc.get("projector_type") is not None:
+        raise UserError(f"{where}: dflash_config.projector_type={dc['projector_type']!r}: a DFlash drafter with a "
+                        "head on top (Domino: load it with drafter=domino_ft drafter.checkpoint=...), not a plain "
+                        "DFlash checkpoint")
+    return DFlashDraftModel.from_pretrained(path, where=where)
+
+
 # ----------------------------------------------------------------------------------------- the drafter
 class DFlashDrafter:
     """Engine adapter: keeps per-layer context K/V of every committed position before the anchor."""
@@ -318,8 +402,14 @@ class DFlashDrafter:
 
     def __init__(self, model: DFlashDraftModel, target):
         c = model.config
-        self.model, self.embed, self.lm_head = model, target.embed_tokens, target.lm_head
-        self.block_size, self.max_drafts = c.block_size, c.block_size - 1
+        # A DSpark-format model (block-7 DeepSpec checkpoints) brings its own embedding and lm_head and drafts
+        # from block row 0 (shifted alignment); the z-lab format shares the target's and drafts from row 1.
+        own = isinstance(model, DSparkDFlashModel)
+        self.model = model
+        self.embed = model.embed_tokens if own else target.embed_tokens
+        self.lm_head = model.lm_head if own else target.lm_head
+        self.first_row = model.first_row
+        self.block_size, self.max_drafts = c.block_size, c.block_size - self.first_row
         self.tap_layers = tuple(c.target_layer_ids)
         self.mask_token_id = c.mask_token_id
         self.reset()
@@ -344,14 +434,16 @@ class DFlashDrafter:
 
     @torch.inference_mode()
     def block_logits(self, anchor: int, start: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Hidden `[1, B, H]` of the block at positions start..start+B-1 and logits `[k, V]` of rows 1..k."""
+        """Hidden `[1, B, H]` of the block at positions start..start+B-1 and logits `[k, V]` of the k draft rows
+        (rows 1..k, unshifted; rows 0..k-1, shifted: `first_row`)."""
         assert start == self.ctx_len, "context must be exactly the positions before the anchor"
         dev = self.model.fc.weight.device
         ids = torch.full((1, self.block_size), self.mask_token_id, device=dev)
         ids[0, 0] = anchor                                                                  # [1, B]
         pos = torch.arange(start, start + self.block_size, device=dev)[None]                # [1, B]
         hidden = self.model(self.embed(ids), pos, self.ctx)                                 # [1, B, H]
-        return hidden, self.lm_head(hidden[0, 1: k + 1])                                    # [k, V]
+        r0 = self.first_row
+        return hidden, self.lm_head(hidden[0, r0: r0 + k])                                  # [k, V]
 
     def propose(self, anchor: int, start: int, k: int, sampling: Sampling | None) -> Proposal:
         return choose(self.block_logits(anchor, start, k)[1], sampling)
@@ -403,7 +495,7 @@ class DFlashDrafter:
                 alive = alive[k[alive] >= r]
                 if alive.numel() == 0:
                     break
-                d = self.lm_head(hidden[alive, r]).argmax(-1)                               # [a]
+                d = self.lm_head(hidden[alive, self.first_row + r - 1]).argmax(-1)          # [a] draft r
                 out[c0 + alive, r - 1] = d
                 alive = alive[d == sequence_at(ids, s[alive] + r)]
         return out
@@ -467,8 +559,11 @@ def build(cfg, target) -> DFlashDrafter:
         check(bool(cfg.get("checkpoint")), "drafter.init=checkpoint needs drafter.checkpoint=DIR (or a hub id); "
                                            "use drafter.init=random for a random-init drafter")
         path = resolve_checkpoint(str(cfg.checkpoint), cfg.get("revision"))
-        model = DFlashDraftModel.from_pretrained(path)
-        check_fits(model.config, target, f"drafter.checkpoint={str(cfg.checkpoint)!r}")
+        where = f"drafter.checkpoint={str(cfg.checkpoint)!r}"
+        model = load_model(path, where)
+        check_fits(model.config, target, where)
+        check(model.first_row == 1 or cfg.name != "dedit",
+              f"{where}: a shifted (DSpark-format) DFlash drafter; drafter=dedit needs an unshifted z-lab-format one")
     else:
         raise UserError(f"drafter.init={cfg.init!r} is not valid; choose one of: auto, random, checkpoint")
     model = model.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)

@@ -94,6 +94,64 @@ def load_head(path, where: str) -> DominoHead:
     return ckpt.load_module(head, path, where)
 
 
+# ------------------------------------------------------------------ released Domino drafters (one directory)
+# `Huang2020/Qwen3-{4B,8B}-Domino-b16` (docs/checkpoints.md): a whole drafter, the DFlash backbone trained together
+# with the head. config.json = the z-lab DFlash config with `dflash_config.projector_type: "domino"`, `emb_dim`,
+# `gru_hidden_dim`, `pure_draft_prefix_len`, `shift_label`; one weight file holding the z-lab DFlash tensors and
+# the head's `prefix_gru.*`, `embed_proj.0.weight`, `embed_proj.2.weight` (early files: under `logit_head.`).
+RELEASE_FIELDS = ("projector_type", "emb_dim", "gru_hidden_dim", "pure_draft_prefix_len", "shift_label")
+LEGACY_PREFIX = "logit_head."
+
+
+def is_release(raw: dict) -> bool:
+    dc = raw.get("dflash_config")
+    return isinstance(dc, dict) and dc.get("projector_type") == "domino"
+
+
+def _tensor_names(path: Path, where: str) -> set[str]:
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for shard in ckpt.shards(path, where):
+        try:
+            with safe_open(str(path / shard), "pt") as f:
+                names.update(f.keys())
+        except Exception as e:
+            raise UserError(f"{where}: cannot read {shard} ({type(e).__name__}: {e})") from None
+    return names
+
+
+def load_release(path, where: str) -> tuple[dflash.DFlashDraftModel, DominoHead]:
+    """The backbone and the head of a released Domino drafter directory, each strictly matched."""
+    path = Path(path)
+    raw = ckpt.read_config(path, where)
+    dc = dict(raw["dflash_config"])
+    for k in ("emb_dim", "gru_hidden_dim"):
+        v = dc.get(k)
+        check(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+              f"{where}: dflash_config.{k}={v!r} must be an int >= 1")
+    shift = dc.get("shift_label", False)
+    check(isinstance(shift, bool), f"{where}: dflash_config.shift_label={shift!r} must be true or false")
+    prefix = dc.get("pure_draft_prefix_len", 0)
+    check(prefix == 1, f"{where}: dflash_config.pure_draft_prefix_len={prefix!r}: only 1 is supported (the first "
+                       "draft is DFlash's alone, every later one corrected)")
+    bb_raw = {k: v for k, v in raw.items() if k != "emb_dim"}
+    bb_raw["dflash_config"] = {k: v for k, v in dc.items() if k not in RELEASE_FIELDS}
+    config = dflash.DFlashConfig.from_dict(bb_raw, f"{where}: config.json")
+    head_cfg = DominoConfig(config.hidden_size, config.vocab_size, dc["gru_hidden_dim"],
+                            dc["emb_dim"], "shifted" if shift else "unshifted")
+    with torch.device("meta"):
+        bb, head = dflash.DFlashDraftModel(config), DominoHead(head_cfg)
+    legacy = any(n.startswith(LEGACY_PREFIX) for n in _tensor_names(path, where))
+    hp = LEGACY_PREFIX if legacy else ""
+    expected = {**bb.state_dict(), **{hp + k: v for k, v in head.state_dict().items()}}
+    check(not set(bb.state_dict()) & {hp + k for k in head.state_dict()}, f"{where}: clashing tensor names")
+    state = ckpt.load_state(path, expected, where)
+    bb.load_state_dict({k: state[k] for k in bb.state_dict()}, strict=True, assign=True)
+    head.load_state_dict({k: state[hp + k] for k in head.state_dict()}, strict=True, assign=True)
+    return bb.eval(), head.eval()
+
+
 class DominoDrafter(SequentialDrafter):
     """DFlash + Domino correction, drafted left to right (see the module docstring). The correction is the
     shared fusion with alpha = guidance, beta = 0 and state z = silu(W1 [hidden_k ; s])."""
@@ -148,8 +206,20 @@ def build(cfg, target) -> DominoDrafter:
     check_fusion_options(cfg.fusion)
     check(isinstance(h.guidance, (int, float)) and math.isfinite(h.guidance),
           f"drafter.head.guidance={h.guidance!r} is not a finite number")
-    head_init = resolve_head_init(cfg, target, "Domino", "task=train drafter=domino_ft")
     ckpt_dir = h.get("checkpoint")
+    if cfg.init != "random" and cfg.get("checkpoint") and not ckpt_dir:          # a released Domino drafter?
+        where = f"drafter.checkpoint={str(cfg.checkpoint)!r}"
+        path = dflash.resolve_checkpoint(str(cfg.checkpoint), cfg.get("revision"))
+        if is_release(ckpt.read_config(path, where)):
+            model, head = load_release(path, where)
+            dflash.check_fits(model.config, target, where)
+            c = head.config
+            check(c.alignment == h.alignment, f"{where}: a released Domino drafter trained with alignment "
+                                              f"{c.alignment} (shift_label), set drafter.head.alignment={c.alignment}")
+            model = model.to(device=target.device, dtype=target.dtype).requires_grad_(False)
+            return DominoDrafter(dflash.DFlashDrafter(model, target), head, target.embed_tokens.weight, h.guidance,
+                                 cfg.fusion.kernel, cfg.fusion.cuda_graph)
+    head_init = resolve_head_init(cfg, target, "Domino", "task=train drafter=domino_ft")
     backbone = dflash.build(cfg, target)
     if head_init == "random":
         c = DominoConfig(target.hidden_size, target.vocab_size, h.gru_hidden, h.emb_dim, h.alignment)
@@ -162,5 +232,8 @@ def build(cfg, target) -> DominoDrafter:
               f"{where}: head for hidden {c.hidden_size} / vocab {c.vocab_size} does not fit target {target.name}")
         check(c.alignment == h.alignment, f"{where}: trained with alignment {c.alignment}, drafter.head.alignment="
                                           f"{h.alignment}")
+    check(backbone.first_row == 1 or c.alignment == "shifted",
+          f"drafter.checkpoint={str(cfg.get('checkpoint'))!r}: a shifted (DSpark-format) DFlash backbone needs a "
+          f"head with alignment shifted, not {c.alignment}")
     return DominoDrafter(backbone, head, target.embed_tokens.weight, h.guidance, cfg.fusion.kernel,
                          cfg.fusion.cuda_graph)
