@@ -11,6 +11,7 @@ from safetensors.torch import save_file
 
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
+from specexp.drafters.dflash import DFlashDraftModel
 from specexp.errors import UserError
 
 PROMPTS = ["Hello there, how are you?", "What is 17 * 23?"]
@@ -190,6 +191,8 @@ def test_dspark_format_errors_are_one_line(cfg_factory, tiny_target, tmp_path):
     ok = dspark_dir(t, tmp_path / "ok")
     with pytest.raises(UserError, match="drafter=dedit needs an unshifted"):
         build(cfg_factory, t, "drafter=dedit", "drafter.init=checkpoint", f"drafter.checkpoint={ok}")
+    with pytest.raises(UserError, match="not a backbone anything trains on"):
+        DFlashDraftModel.from_pretrained(ok)                                # what the training stages load
 
 
 @pytest.mark.parametrize("prefix", ["", "logit_head."])

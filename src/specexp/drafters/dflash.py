@@ -293,7 +293,10 @@ class DFlashDraftModel(nn.Module):
                         device: str | torch.device = "cpu", where: str | None = None) -> "DFlashDraftModel":
         """Load a z-lab-format checkpoint directory strictly (specexp/checkpoints.py)."""
         where = where or f"drafter.checkpoint={str(path)!r}"
-        config = DFlashConfig.from_dict(ckpt.read_config(path, where), f"{where}: config.json")
+        raw = ckpt.read_config(path, where)
+        check(not is_dspark(raw), f"{where}: a DSpark-format DFlash drafter (shifted, own embedding and lm_head): "
+                                  "it drafts (drafter.checkpoint) but is not a backbone anything trains on here")
+        config = DFlashConfig.from_dict(raw, f"{where}: config.json")
         with torch.device("meta"):
             model = cls(config)
         ckpt.load_module(model, path, where)                   # weights keep the file's dtype
