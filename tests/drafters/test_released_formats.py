@@ -232,3 +232,36 @@ def test_released_domino_errors_are_one_line(cfg_factory, tiny_target, tmp_path)
         assert "\n" not in str(e.value), name
     with pytest.raises(UserError, match="load it with drafter=domino_ft"):
         build(cfg_factory, t, "drafter.init=checkpoint", f"drafter.checkpoint={domino_dir(t, tmp_path / 'ok')}")
+
+
+def test_replay_drafts_equal_the_protocol_on_the_block7_backbone(cfg_factory, tiny_target, tmp_path):
+    """propose_all (greedy replay of a known sequence) reads the shifted rows as propose does: for DFlash alone and
+    under a DeLS head, at several anchors, every computed draft equals propose's after prefill of the same taps."""
+    t = tiny_target
+    path = dspark_dir(t, tmp_path / "b7")
+    dels_opts = ["drafter.head.init=random", "drafter.head.input_rank=16", "drafter.head.gru_hidden=32",
+                 "drafter.head.output_rank=16", "drafter.head.init_std=0.5", "fusion.alpha=4.0", "fusion.beta=1.0"]
+    prompt = t.encode_chat([{"role": "user", "content": PROMPTS[0]}])
+    ids = torch.tensor(prompt + generate(t, None, prompt, DecodeConfig(max_new_tokens=16)).tokens)
+    for kind, extra in (("dflash", []), ("dels_rnn", dels_opts)):
+        d = build(cfg_factory, t, f"drafter={kind}", "drafter.init=checkpoint", f"drafter.checkpoint={path}", *extra)
+        _, taps = t.forward(ids[None, :-1], 0, t.new_cache(), taps=d.tap_layers)
+        starts = torch.tensor([len(prompt) - 1, len(prompt) + 3, len(prompt) + 8])
+        ks = torch.tensor([7, 7, 5])
+        out = d.propose_all(taps, ids, starts, ks)
+        assert out.shape == (3, 7)
+        for row, s, k in zip(out, starts.tolist(), ks.tolist()):
+            d.reset()
+            d.prefill(taps[:, :s])
+            want = d.propose(int(ids[s]), s, k, None).tokens
+            got = row[:k]
+            n = int((got >= 0).sum())
+            assert n >= 1 and torch.equal(got[:n], want[:n]) and bool((got[n:] == -1).all()), (kind, s)
+        # a sequence that continues with the drafter's own drafts: all 7 rows are computed and equal propose's
+        s = len(prompt) - 1
+        d.reset()
+        d.prefill(taps[:, :s])
+        own = d.propose(int(ids[s]), s, 7, None).tokens
+        seq = torch.cat([ids[: s + 1], own, torch.tensor([0])])
+        _, taps2 = t.forward(seq[None, :-1], 0, t.new_cache(), taps=d.tap_layers)
+        assert torch.equal(d.propose_all(taps2, seq, torch.tensor([s]), torch.tensor([7]))[0], own), kind
