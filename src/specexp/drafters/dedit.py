@@ -158,8 +158,8 @@ class DEditDrafter:
                 if self.early_stop:
                     live = live[(new != cur).any(-1)]
             out[at] = draft[:, : self.max_drafts]
-            for i, j in enumerate(at.tolist()):
-                infos[j] = {"passes": int(passes[i]), "pre_edit": pre[i, : int(ks[j])]}
+            for i, (j, k, e) in enumerate(zip(at.tolist(), ks[at].tolist(), passes.tolist())):
+                infos[j] = {"passes": e, "pre_edit": pre[i, :k]}                            # propose's info
         return out, infos
 
     def batch_logits(self, ctx, block: torch.Tensor, starts: torch.Tensor, causal: bool) -> torch.Tensor:
