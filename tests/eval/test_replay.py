@@ -2,6 +2,7 @@
 are often right (long acceptances, stop tokens inside accepted blocks, the budget cap), on every real drafter class
 (random init: the plumbing), end to end through the task against task=eval, and on the mini target (slow)."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -395,3 +396,18 @@ def test_batched_replay_equals_the_loop_and_the_engine(cfg_factory, micro, name)
         last = len(online.rounds) - (online.stop_reason == "stop")
         assert (metrics.turn(batched.rounds, True)["edit_outcomes"][:last] ==
                 metrics.turn(online.rounds, True)["edit_outcomes"][:last])
+
+
+def test_archived_runs_load_from_gzipped_samples():
+    """The committed mini replay runs keep `samples.jsonl.gz`: task=compare and experiments/replay_tau.py read it,
+    and pairing a run with itself gives its own summary's τ with Δτ = 0 (single-turn benchmarks)."""
+    from specexp.eval.compare import compare, load_records
+
+    run = Path(__file__).resolve().parents[2] / "experiments" / "results" / "replay_mini" / "runs" / "dflash"
+    summary = json.loads((run / "summary.json").read_text())
+    records = load_records(run)
+    assert len(records) == sum(b["num_turns"] for b in summary["benchmarks"].values())
+    result = compare(records, records)
+    for name in ("gsm8k", "aime25"):
+        assert result["benchmarks"][name]["tau_a"] == pytest.approx(summary["benchmarks"][name]["tau"], abs=1e-9)
+        assert result["benchmarks"][name]["delta"] == 0

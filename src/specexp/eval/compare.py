@@ -16,10 +16,19 @@ from . import metrics
 
 
 def load_records(run_dir) -> list[dict]:
+    """A run's per-turn records: `samples.jsonl`, or `samples.jsonl.gz` in an archived copy of a run directory."""
     path = Path(run_dir) / "samples.jsonl"
-    check(path.is_file(), f"{run_dir!s}: no samples.jsonl (a run directory of task=replay or task=eval)")
+    packed = path.with_name("samples.jsonl.gz")
+    check(path.is_file() or packed.is_file(),
+          f"{run_dir!s}: no samples.jsonl (a run directory of task=replay or task=eval)")
+    if path.is_file():
+        text = path.read_text()
+    else:
+        import gzip
+
+        text = gzip.decompress(packed.read_bytes()).decode()
     out = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:
