@@ -403,7 +403,7 @@ def test_archived_runs_load_from_gzipped_samples():
     and pairing a run with itself gives its own summary's τ with Δτ = 0 (single-turn benchmarks)."""
     from specexp.eval.compare import compare, load_records
 
-    run = Path(__file__).resolve().parents[2] / "experiments" / "results" / "replay_mini" / "runs" / "dflash"
+    run = Path(__file__).resolve().parents[2] / "experiments" / "results" / "replay_mini" / "replay50" / "dflash"
     summary = json.loads((run / "summary.json").read_text())
     records = load_records(run)
     assert len(records) == sum(b["num_turns"] for b in summary["benchmarks"].values())
