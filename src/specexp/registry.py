@@ -24,7 +24,7 @@ from typing import Callable, Protocol
 from omegaconf import OmegaConf
 
 from . import targets
-from .drafters import dedit, dels, dflash, domino
+from .drafters import dedit, dels, dflash, domino, eagle3
 from .errors import UserError, check, one_of
 
 TARGETS = {
@@ -96,6 +96,9 @@ for _e in (
     DrafterEntry("dedit", dedit.build, train="specexp.training.dedit_module:plan", metrics=dedit.METRICS,
                  checkpoints={"smollm2_135m": {"checkpoint": f"{MINI}-dedit"}},
                  summary="DEdit: DFlash-architecture unmasking + token-to-token edit passes"),
+    # EAGLE-3: no default checkpoints (the Qwen3 releases' layouts are not verified here); random init without one.
+    DrafterEntry("eagle3", eagle3.build,
+                 summary="EAGLE-3: one layer over (embedding, fused target taps), chain or dynamic-tree drafts"),
 ):
     register_drafter(_e)
 
