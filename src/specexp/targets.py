@@ -115,20 +115,38 @@ class Target:
         if k > 0:
             cache.crop(-k)
 
+    @staticmethod
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, start: int, cache, taps: Sequence[int] = (), last_only: bool = False):
-        """Run `ids [1, T]` at positions `start .. start+T-1`, appending to `cache`.
+    def keep(cache, start: int, rows: torch.Tensor) -> None:
+        """Keep, of the block cached from position `start` on, only its rows `rows [m]` (ascending), moved to
+        positions start .. start+m-1: the accepted path of a verified draft tree. Only the block is copied."""
+        m = rows.numel()
+        for layer in cache.layers:
+            for name in ("keys", "values"):
+                kv = getattr(layer, name)                                              # [B, H, S, D]
+                kv[:, :, start:start + m] = kv[:, :, start + rows]                     # the right side is a copy
+        Target.rollback(cache, cache.get_seq_length() - start - m)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, start: int, cache, taps: Sequence[int] = (), last_only: bool = False,
+                tree=None):
+        """Run `ids [1, T]` at positions `start .. start+T-1`, appending to `cache`; with `tree`
+        (decoding/tree.py `TreeLayout`) row j sits at `start + tree.depth[j]` and sees the cache and its own
+        ancestors only.
 
         Returns `(logits [1, T or 1, V], taps [1, T, len(taps)*H] | None)`. The cache must grow by exactly T
         positions: a keyword the installed transformers ignores (it lands in `**kwargs`) would otherwise leave
         the cache empty and every later logit silently wrong.
         """
-        positions = torch.arange(start, start + ids.shape[1], device=ids.device)[None]  # [1, T]
         before = cache.get_seq_length()
+        if tree is None:
+            positions = torch.arange(start, start + ids.shape[1], device=ids.device)[None]  # [1, T]
+            mask = self.attention_kwargs(ids.shape[1], before + ids.shape[1], ids.device)
+        else:
+            positions, mask = (start + tree.depth)[None], {"attention_mask": self.tree_mask(tree, before)}
         out = self.model(
             input_ids=ids, position_ids=positions, use_cache=True, **{self.cache_kwarg: cache},
-            output_hidden_states=bool(taps), logits_to_keep=1 if last_only else 0,
-            **self.attention_kwargs(ids.shape[1], before + ids.shape[1], ids.device),
+            output_hidden_states=bool(taps), logits_to_keep=1 if last_only else 0, **mask,
         )
         grown = cache.get_seq_length() - before
         if grown != ids.shape[1]:
@@ -140,6 +158,19 @@ class Target:
                 f"install a supported transformers (see README, Environment)")
         hidden = torch.cat([out.hidden_states[i + 1] for i in taps], dim=-1) if taps else None  # [1, T, n*H]
         return out.logits, hidden
+
+    def tree_mask(self, tree, before: int) -> torch.Tensor:
+        """The additive 4D mask `[1, 1, T, before+T]` of a tree block (transformers passes a 4D mask through as
+        given): 0 where a row may attend (every cached position, its ancestors and itself), the dtype's minimum
+        elsewhere. FlashAttention takes no such mask: one line instead of a silently causal tree."""
+        impl = str(getattr(self.config, "_attn_implementation", None) or "")
+        if impl.startswith("flash_attention"):
+            raise ValueError(f"draft trees need a target attention that takes a custom mask; "
+                             f"target.attn_implementation resolved to {impl!r}: use sdpa or eager, or a chain drafter")
+        t = tree.visible.shape[0]
+        ok = torch.cat([torch.ones(t, before, dtype=torch.bool, device=tree.visible.device), tree.visible], 1)
+        zero = torch.zeros((), dtype=self.dtype, device=ok.device)
+        return torch.where(ok, zero, torch.finfo(self.dtype).min)[None, None]           # [1, 1, T, before+T]
 
     def attention_kwargs(self, q_len: int, kv_len: int, device) -> dict:
         """Under FlashAttention, the lengths of the one sequence of a forward (`cu_seq_lens_*`, `max_length_*`):

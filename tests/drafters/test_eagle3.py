@@ -250,10 +250,9 @@ def test_bad_checkpoints_are_one_line(eagle, tmp_path, fault, needle):
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
-def _with_ids(drafter, ids):
-    """The engine's prefill(taps), handing the drafter the prompt ids it needs."""
-    plain = drafter.prefill
-    drafter.prefill = lambda taps: plain(taps, ids)
+def _without_ids(drafter):
+    """A drafter the engine prefills with the prompt's taps only (context from the last prompt position on)."""
+    drafter.needs_prompt_ids = False
     return drafter
 
 
@@ -262,7 +261,7 @@ def test_chain_is_lossless_through_the_engine(tiny_target, eagle, prompt_ids):
     ids = tiny_target.encode_chat([{"role": "user", "content": "Count from one to ten."}])
     dc = DecodeConfig(max_new_tokens=32)
     d = Eagle3Drafter(eagle.model, tiny_target, num_drafts=4)
-    d = _with_ids(d, ids) if prompt_ids else d
+    d = d if prompt_ids else _without_ids(d)
     out, ref = generate(tiny_target, d, ids, dc), generate(tiny_target, None, ids, dc)
     assert out.tokens == ref.tokens
     assert sum(out.accept_lengths) == len(out.tokens) - 1
@@ -271,7 +270,7 @@ def test_chain_is_lossless_through_the_engine(tiny_target, eagle, prompt_ids):
 def test_tree_is_lossless_through_the_engine(tiny_target, eagle):
     ids = tiny_target.encode_chat([{"role": "user", "content": "Count from one to ten."}])
     dc = DecodeConfig(max_new_tokens=32)
-    d = _with_ids(Eagle3Drafter(eagle.model, tiny_target, "tree", top_k=3, depth=3, total_tokens=13), ids)
+    d = Eagle3Drafter(eagle.model, tiny_target, "tree", top_k=3, depth=3, total_tokens=13)
     out, ref = generate(tiny_target, d, ids, dc), generate(tiny_target, None, ids, dc)
     assert out.tokens == ref.tokens
     assert sum(out.accept_lengths) == len(out.tokens) - 1

@@ -12,6 +12,7 @@ import torch
 
 from ..clock import now
 from ..drafters.base import Drafter, Proposal, Sampling
+from .tree import check_protocol, layout, verify_tree
 from .verify import verify
 
 
@@ -31,7 +32,7 @@ class Generation:
     prompt_len: int
     tokens: list[int] = field(default_factory=list)
     accept_lengths: list[int] = field(default_factory=list)
-    drafted: list[int] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)   # drafts verified (a tree's: all its nodes)
     ttft_s: float = 0.0               # target prefill + first token
     decode_s: float = 0.0             # everything after the drafter's prefill
     stop_reason: str = "length"       # stop | length
@@ -52,6 +53,8 @@ def generate(target, drafter: Drafter | None, prompt_ids: list[int], dc: DecodeC
     stops = set(dc.stop_token_ids)
     no_drafts = Proposal(torch.empty(0, dtype=torch.long, device=dev))
     gen = Generation(prompt_len=len(prompt_ids))
+    if drafter is not None and getattr(drafter, "proposes_trees", False):
+        check_protocol(dc.protocol)                      # before the prefill, not at the first tree
 
     # Prefill: the first token is the target's own (no drafts), its logits from the last prompt position.
     t0 = now(dev)
@@ -63,7 +66,10 @@ def generate(target, drafter: Drafter | None, prompt_ids: list[int], dc: DecodeC
     gen.tokens.append(anchor)
     if drafter is not None:
         drafter.reset()
-        drafter.prefill(hidden)
+        if getattr(drafter, "needs_prompt_ids", False):   # EAGLE-3 pairs each prompt position with the next token
+            drafter.prefill(hidden, ids=prompt_ids)
+        else:
+            drafter.prefill(hidden)
 
     start = len(prompt_ids)                              # position of the anchor
     t0 = now(dev)
@@ -72,22 +78,31 @@ def generate(target, drafter: Drafter | None, prompt_ids: list[int], dc: DecodeC
         # Never draft past the budget: k drafts + 1 bonus must fit.
         k = min(drafter.max_drafts if drafter is not None else 0, dc.max_new_tokens - len(gen.tokens) - 1)
         prop = drafter.propose(anchor, start, k, sampling) if k > 0 else no_drafts
-        block = torch.cat([torch.tensor([anchor], device=dev), prop.tokens])[None]   # [1, k+1]
-        logits, hidden = target.forward(block, start, cache, taps=taps)             # [1, k+1, V]
-        n, bonus = verify(dc.protocol, logits[0], prop.tokens, prop.q, dc.temperature, generator)
-        target.rollback(cache, k - n)                    # keep anchor + n accepted drafts
+        block = torch.cat([torch.tensor([anchor], device=dev), prop.tokens])[None]   # [1, N+1]
+        tree = layout(prop.parents, k) if prop.parents is not None else None      # k bounds a tree's depth
+        where = {"tree": tree} if tree is not None else {}     # a chain needs no tree-aware target
+        logits, hidden = target.forward(block, start, cache, taps=taps, **where)     # [1, N+1, V]
+        if tree is None:                                 # a chain: keep anchor + n accepted drafts
+            n, bonus = verify(dc.protocol, logits[0], prop.tokens, prop.q, dc.temperature, generator)
+            target.rollback(cache, k - n)
+            rows, path = slice(0, n + 1), {}
+            new = prop.tokens[:n].tolist() + [bonus]
+        else:                                            # a tree: keep anchor + the accepted path (compaction)
+            idx, bonus = verify_tree(dc.protocol, logits[0], prop.tokens, prop.parents, dc.temperature, generator)
+            n, rows, path = idx.numel(), torch.cat([idx.new_zeros(1), idx + 1]), {"path": idx}
+            target.keep(cache, start, rows)
+            new = prop.tokens[idx].tolist() + [bonus]
         if drafter is not None:
-            drafter.commit(n, hidden[:, : n + 1] if hidden is not None else None)
-        new = prop.tokens[:n].tolist() + [bonus]
+            drafter.commit(n, hidden[:, rows] if hidden is not None else None, **path)
         for i, t in enumerate(new):                      # truncate at the first stop token
             if t in stops:
                 new, done = new[: i + 1], True
                 break
         gen.tokens += new
         gen.accept_lengths.append(len(new))
-        gen.drafted.append(k)
+        gen.drafted.append(k if tree is None else prop.tokens.numel())
         if prop.info is not None:
-            gen.rounds.append({**prop.info, "tokens": prop.tokens, "accepted": n, "bonus": bonus})
+            gen.rounds.append({**prop.info, "tokens": prop.tokens, "accepted": n, "bonus": bonus, **path})
         anchor, start = bonus, start + n + 1
     gen.decode_s = now(dev) - t0
     gen.stop_reason = "stop" if gen.tokens[-1] in stops else "length"

@@ -9,6 +9,13 @@ Life of one generation (positions are absolute, as the target's):
     commit(n, taps)                n drafts were accepted; taps of [anchor, d1..dn] (positions
                                    start .. start+n) become context; the bonus is the next anchor
 
+A drafter with `needs_prompt_ids = True` gets `prefill(taps, ids=prompt_ids)` (EAGLE-3 reads position p's
+taps with token p+1, so it needs the prompt's tokens, not only its taps).
+
+Draft trees: a drafter with `proposes_trees = True` may return `Proposal(tokens [N], parents=[N])`
+(decoding/tree.py); `k` then bounds the tree's depth, not N, and the engine calls `commit(n, taps, path=path)`
+with `path [n]` the accepted drafts' indices root to leaf (taps are those of [anchor, path tokens]).
+
 Optional, for drafters whose drafts at an anchor depend only on the tokens and taps before it (greedy replay of a
 known sequence, eval/replay.py, uses it when present and the loop above otherwise):
   propose_all(taps, ids, starts, ks)   ids [T]: a known sequence; taps [1, T-1, n*H] of its positions 0..T-2;
@@ -49,6 +56,7 @@ class Proposal:
     tokens: torch.Tensor                       # [K] long, on the target's device
     q: torch.Tensor | LazyDist | None = None   # [K, V] distributions the tokens were sampled from (protocol B only)
     info: dict | None = None                   # per-round diagnostics (DEdit: passes run, the pre-edit draft)
+    parents: torch.Tensor | None = None        # [K] long: a draft tree (decoding/tree.py); None = a chain
 
 
 class Drafter(Protocol):

@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from .. import benchmarks, registry
 from ..decoding.engine import DecodeConfig, Generation
+from ..decoding.tree import follow
 from ..errors import check
 from ..report.tables import summary_markdown
 from ..targets import resolve_device
@@ -107,7 +108,11 @@ def replay_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc: Decode
         every = every.tolist()                                                                   # [L-1][K]
     elif drafter is not None:
         drafter.reset()
-        drafter.prefill(taps[:, :prompt_len] if taps is not None else None)
+        prompt_taps = taps[:, :prompt_len] if taps is not None else None
+        if getattr(drafter, "needs_prompt_ids", False):
+            drafter.prefill(prompt_taps, ids=list(prompt))
+        else:
+            drafter.prefill(prompt_taps)
     ties, j, produced = [], 0, 1
     done = not ref or ref[0] in stops
     while not done and produced < dc.max_new_tokens:
@@ -115,9 +120,14 @@ def replay_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc: Decode
         drafts = drafter.propose(ref[j], prompt_len + j, k, None) if k > 0 and every is None else None
         d = every[j][:k] if every is not None else drafts.tokens.tolist() if drafts is not None else []
         truth = ref[j + 1: j + 1 + k]
-        n = 0
-        while n < len(truth) and d[n] == truth[n]:
-            n += 1
+        path = None
+        if drafts is not None and drafts.parents is not None:        # a tree: as deep as it matches the reference
+            path = follow(drafts.tokens, drafts.parents, truth)
+            n = len(path)
+        else:
+            n = 0
+            while n < len(truth) and d[n] == truth[n]:
+                n += 1
         committed = n if j + 1 + n == len(ref) else n + 1           # drafts ran through the final stop token
         done = j + committed == len(ref) - 1 and ref[-1] in stops
         if float(gap[j + 1: j + 1 + min(n + 1, len(ref) - 1 - j)].min()) < near_tie:
@@ -128,9 +138,13 @@ def replay_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc: Decode
             tokens = drafts.tokens if drafts is not None else torch.tensor(d)
             gen.rounds.append({**info, "tokens": tokens, "accepted": n, "bonus": bonus})
         if drafter is not None and every is None and not done and produced + committed < dc.max_new_tokens:
-            drafter.commit(n, taps[:, prompt_len + j: prompt_len + j + n + 1] if taps is not None else None)
+            step_taps = taps[:, prompt_len + j: prompt_len + j + n + 1] if taps is not None else None
+            if path is None:
+                drafter.commit(n, step_taps)
+            else:
+                drafter.commit(n, step_taps, path=torch.tensor(path, dtype=torch.long))
         gen.accept_lengths.append(committed)
-        gen.drafted.append(k)
+        gen.drafted.append(k if path is None else drafts.tokens.numel())
         produced += committed
         j += committed
     assert produced == len(ref), f"replay committed {produced} tokens of a {len(ref)}-token reference"
