@@ -314,6 +314,7 @@ RULES = {
     "train.epochs": (_int(1), "an int >= 1"),
     "train.max_steps": (lambda v: _int(1)(v) or v == -1 and _int()(v), "-1 (no limit) or an int >= 1"),
     "train.accumulate": (_int(1), "an int >= 1"),
+    "train.data_tokens": (_null_or(_int(1)), "an int >= 1 or null"),
     "train.ckpt_every": (_int(1), "an int >= 1"),
     "train.log_every": (_int(1), "an int >= 1"),
     "train.seed": (_int(), "an int"),
@@ -535,6 +536,7 @@ class TrainConfig(_FromCfg):
     grad_clip: float | None = 1.0
     max_steps: int = -1
     accumulate: int = 1
+    data_tokens: int | None = None
     precision: str = "auto"
     devices: int | str | list = "auto"
     num_nodes: int = 1

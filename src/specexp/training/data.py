@@ -84,12 +84,21 @@ def answered_ids(out_file: Path) -> set[str]:
 
 
 def regenerate(target, convs: list[Conversation], out_file: Path, batch_size: int, max_new_tokens: int,
-               temperature: float, top_p: float, top_k: int, seed: int) -> None:
+               temperature: float, top_p: float, top_k: int, seed: int, max_length: int | None = None) -> None:
     """The target answers every prompt (batched, left-padded); one JSON line per conversation, appended per
-    batch, so an interrupted run resumes where it stopped. Greedy when `temperature == 0`."""
+    batch, so an interrupted run resumes where it stopped. Greedy when `temperature == 0`. Prompts of at least
+    `max_length` tokens are skipped: no response token of theirs would fit a training sequence (`_sequence`), and
+    they are the slowest to answer (a few ShareGPT prompts run to thousands of tokens)."""
     done = answered_ids(out_file)
     todo = [c for c in convs if c.id not in done]
     prompts = {c.id: target.encode_chat([{"role": "user", "content": c.user}]) for c in todo}
+    if max_length is not None:
+        long = [c for c in todo if len(prompts[c.id]) >= max_length]
+        if long:
+            print(f"specexp: {len(long)} prompts of >= {max_length} tokens (data.max_length) not answered: no "
+                  f"response token of theirs would fit", flush=True)
+        todo = [c for c in todo if len(prompts[c.id]) < max_length]
+        convs = [c for c in convs if c.id in done or len(prompts[c.id]) < max_length]
     todo.sort(key=lambda c: len(prompts[c.id]))          # similar lengths per batch: less padding
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.stop_token_ids[0]
     stops = list(target.stop_token_ids)
@@ -130,6 +139,20 @@ class Sequence:
     id: str
     ids: torch.Tensor         # [S] long
     loss_mask: torch.Tensor   # [S] bool: response tokens
+
+
+def token_subset(seqs: list[Sequence], budget: int, seed: int) -> list[int]:
+    """Indices (ascending) of a seeded random subset of `seqs` holding at least `budget` response tokens, or all of
+    them. The subset is a prefix of one permutation per seed, so a larger budget's subset contains a smaller one's:
+    the points of a data-scaling curve train on nested data."""
+    order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(seed)).tolist()
+    picked, total = [], 0
+    for i in order:
+        if total >= budget:
+            break
+        picked.append(i)
+        total += int(seqs[i].loss_mask.sum())
+    return sorted(picked)
 
 
 def sequences_from_regen(path: Path, max_length: int, min_response: int) -> list[Sequence]:

@@ -107,11 +107,13 @@ RESULT_FREE_TRAIN_KEYS = ("export_dir", "export_dtype", "eval_after", "log_every
 
 def train_recipe(train) -> dict:
     """The `train` keys that change the trained weights (the stage hash); export, logging and eval do not.
-    `num_nodes` counts at any value but 1 (it multiplies the ranks), so stages named before it existed keep their
-    names."""
+    `num_nodes` counts at any value but 1 (it multiplies the ranks) and `data_tokens` at any value but null, so
+    stages named before they existed keep their names."""
     recipe = {k: v for k, v in OmegaConf.to_container(train, resolve=True).items() if k not in RESULT_FREE_TRAIN_KEYS}
     if recipe.get("num_nodes") == 1:
         del recipe["num_nodes"]
+    if recipe.get("data_tokens", 0) is None:
+        del recipe["data_tokens"]
     return recipe
 
 

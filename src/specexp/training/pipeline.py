@@ -83,7 +83,7 @@ def prepare_sequences(data, target_cfg, target, stages: Path) -> tuple[list[D.Se
                     n = D.import_regen(data.regen_import, target, convs, out, OmegaConf.to_container(r, resolve=True))
                     print(f"specexp: {n} responses imported from {data.regen_import}", flush=True)
                 D.regenerate(target, convs, out, r.batch_size, r.max_new_tokens, r.temperature, r.top_p, r.top_k,
-                             data.shuffle_seed)
+                             data.shuffle_seed, data.max_length)
                 lines = [json.loads(x) for x in out.read_text().splitlines()]
                 write_json(stage / "DONE", {"sequences": len(lines), "seconds": time.perf_counter() - t0,
                                             "response_tokens": sum(len(x["response_ids"]) for x in lines),
@@ -313,7 +313,12 @@ def run_train(cfg, out_dir) -> dict:
     ctx = context(cfg, where.device)                 # this rank's target on this rank's device
     plan: TrainPlan = plan_fn(ctx)
     tc, device = ctx.train, ctx.target.device
-    run_dir = stage_dir(ctx.stages, plan.kind, {**plan.payload, "data": ctx.data_hash})
+    dataset, seqs, subset = plan.dataset, ctx.seqs, {}
+    if tc.get("data_tokens") is not None:            # one point of a data-scaling curve: a nested random subset
+        idx = D.token_subset(ctx.seqs, int(tc.data_tokens), tc.seed)
+        dataset, seqs = torch.utils.data.Subset(plan.dataset, idx), [ctx.seqs[i] for i in idx]
+        subset = {"data_tokens": int(tc.data_tokens)}
+    run_dir = stage_dir(ctx.stages, plan.kind, {**plan.payload, "data": ctx.data_hash, **subset})
     run_dir.mkdir(parents=True, exist_ok=True)
     artifact = run_dir / "artifact"
     trainer = None                                    # set when this call trains (a reused stage logs nothing)
@@ -324,7 +329,7 @@ def run_train(cfg, out_dir) -> dict:
         print(f"specexp: reusing {artifact}", flush=True)
     else:
         module = plan.module()
-        trainer, seconds, precision = lightning_fit(tc, cfg.logger, module, plan.dataset, run_dir, device, plan.epochs,
+        trainer, seconds, precision = lightning_fit(tc, cfg.logger, module, dataset, run_dir, device, plan.epochs,
                                                     OmegaConf.to_container(cfg, resolve=True), out_dir, where,
                                                     plan.fsdp_wrap)
         try:
@@ -357,7 +362,9 @@ def run_train(cfg, out_dir) -> dict:
                 replace_atomic(final / f.name, lambda tmp, f=f: shutil.copy2(f, tmp))
     card = {**result, "kind": plan.kind, "title": plan.title, "facts": plan.facts,
             "command": "python -m specexp " + " ".join(sys.argv[1:]), "data_hash": ctx.data_hash,
-            "sequences": len(ctx.seqs), "response_tokens": ctx.response_tokens, "target": ctx.target.name,
+            "sequences": len(seqs), "response_tokens": sum(int(s.loss_mask.sum()) for s in seqs),
+            **({"data_sequences": len(ctx.seqs), "data_response_tokens": ctx.response_tokens} if subset else {}),
+            "target": ctx.target.name,
             "target_source": ctx.target.source, "train": OmegaConf.to_container(tc, resolve=True),
             "run_dir": str(run_dir), "checkpoint": str(final.resolve())}
     if tc.eval_after and plan.eval_overrides is not None:
