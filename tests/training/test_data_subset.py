@@ -55,3 +55,18 @@ def test_stage_names_change_only_when_a_budget_is_set():
 
     assert "data_tokens" not in train_recipe(make_cfg(["target=tiny_qwen3"]).train)      # earlier stages keep names
     assert train_recipe(make_cfg(["target=tiny_qwen3", "train.data_tokens=1000"]).train)["data_tokens"] == 1000
+
+
+def test_fewer_layers_are_read_from_a_wider_cache(tiny_target, tmp_path):
+    t = tiny_target
+    seqs = [D.Sequence(f"s{i}", torch.arange(10 + i, 30 + 2 * i), torch.ones(20 + i, dtype=torch.bool))
+            for i in range(3)]
+    meta = {"target": "tiny", "layer_ids": [0, 1, 3], "dtype": "float32", "data_hash": "abc"}
+    D.FeatureCache(tmp_path / "features-aaa", meta).build(t, seqs, [0, 1, 3], torch.float32, shard_tokens=30)
+    ds = D.wider_cache(tmp_path, {**meta, "layer_ids": [3, 0]}, t.hidden_size)
+    assert ds is not None and len(ds) == 3
+    for i, s in enumerate(seqs):
+        _, taps = t.forward(s.ids[None], 0, t.new_cache(), taps=(3, 0))
+        torch.testing.assert_close(ds[i]["taps"], taps[0])          # the requested layers, in the requested order
+    assert D.wider_cache(tmp_path, {**meta, "layer_ids": [2]}, t.hidden_size) is None        # a layer not cached
+    assert D.wider_cache(tmp_path, {**meta, "layer_ids": [0], "data_hash": "other"}, t.hidden_size) is None

@@ -269,11 +269,28 @@ def check_disk(root: Path, need: int, tokens: int) -> None:
                         f"training step, nothing written), free disk, or point paths.cache at a larger disk")
 
 
-class CachedFeatures(torch.utils.data.Dataset):
-    """Streams (ids, loss_mask, taps) per sequence from the shards without loading them whole."""
+def wider_cache(stages: Path, meta: dict, hidden: int) -> "CachedFeatures | None":
+    """A complete feature cache of the same target, dtype and data whose layers include all of `meta`'s, read
+    through a column selection (a drafter tapping fewer layers, e.g. EAGLE-3's three of DFlash's five, trains on
+    the taps already cached instead of a second pass of the target over the data); None when there is none."""
+    want = list(meta["layer_ids"])
+    for found in sorted(stages.glob("features-*/meta.json")):
+        old = json.loads(found.read_text())
+        have = list(old.get("layer_ids", []))
+        same = all(old.get(k) == v for k, v in meta.items() if k != "layer_ids")
+        if same and set(want) <= set(have) and (found.parent / "index.json").exists():
+            cols = torch.cat([torch.arange(have.index(layer) * hidden, (have.index(layer) + 1) * hidden)
+                              for layer in want])
+            return CachedFeatures(found.parent, json.loads((found.parent / "index.json").read_text()), cols)
+    return None
 
-    def __init__(self, root: Path, index: list[dict]):
-        self.root, self.index, self._open = root, index, {}
+
+class CachedFeatures(torch.utils.data.Dataset):
+    """Streams (ids, loss_mask, taps) per sequence from the shards without loading them whole; `columns` selects
+    tap columns (a subset of the cached layers, `wider_cache`)."""
+
+    def __init__(self, root: Path, index: list[dict], columns: torch.Tensor | None = None):
+        self.root, self.index, self._open, self.columns = root, index, {}, columns
 
     def __len__(self):
         return len(self.index)
@@ -285,8 +302,9 @@ class CachedFeatures(torch.utils.data.Dataset):
         if e["shard"] not in self._open:
             self._open[e["shard"]] = safe_open(str(self.root / e["shard"]), framework="pt")
         f, a, b = self._open[e["shard"]], e["offset"], e["offset"] + e["length"]
+        taps = f.get_slice("taps")[a:b]                                                  # [S, n*H]
         return {"ids": f.get_slice("ids")[a:b], "loss_mask": f.get_slice("loss_mask")[a:b],
-                "taps": f.get_slice("taps")[a:b]}
+                "taps": taps if self.columns is None else taps[:, self.columns]}
 
 
 class OnlineSequences(torch.utils.data.Dataset):

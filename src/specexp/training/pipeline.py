@@ -143,6 +143,11 @@ class TrainContext:
             meta = {"target": target_fingerprint(self.target_cfg, target), "layer_ids": list(layer_ids),
                     "dtype": data.feature_dtype, "data_hash": self.data_hash}
             root = stage_dir(self.stages, "features", meta)
+            if not (root / "index.json").exists():
+                wider = D.wider_cache(self.stages, meta, target.hidden_size)
+                if wider is not None:              # taps of more layers, same target and data: read its columns
+                    print(f"specexp: taps {list(layer_ids)} read from the feature cache {wider.root}", flush=True)
+                    return wider
             with stage_lock(root):                 # ranks started together build it once
                 cache = D.FeatureCache(root, meta)
                 if not cache.complete:
