@@ -185,3 +185,31 @@ def test_dels_table7_learned_alpha_beta(tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "experiments" / "dels_table7.py"), str(tmp_path)],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "no fusion_weights.json" in bad.stderr
+
+
+def test_data_scaling_table_and_figure(tmp_path):
+    """Family τ = the mean of its benchmarks' τ (with a bootstrap CI); points sorted by training tokens."""
+    import gzip
+
+    for tokens, taus in ((200_000, {"gsm8k": [2, 3], "mbpp": [2, 2], "mt_bench": [1, 2]}),
+                         (50_000, {"gsm8k": [1, 2], "mbpp": [1, 1], "mt_bench": [1, 1]})):
+        d = tmp_path / "points" / str(tokens)
+        (d / "replay").mkdir(parents=True)
+        card = {"response_tokens": tokens, "sequences": tokens // 200, "steps": tokens // 100,
+                "train": {"epochs": 2}, "train_seconds": 12.0}
+        (d / "card.json").write_text(json.dumps(card))
+        recs = [{"id": f"{b}-{i}", "benchmark": b, "turn": 0, "accept_lengths": [a, a]}
+                for b, al in taus.items() for i, a in enumerate(al)]
+        with gzip.open(d / "replay" / "samples.jsonl.gz", "wt") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in recs))
+        bench = {b: {"tau": sum(al) / len(al), "num_samples": len(al), "tau_ci95": None} for b, al in taus.items()}
+        mac = sum(b["tau"] for b in bench.values()) / 3
+        (d / "replay" / "summary.json").write_text(json.dumps(
+            {"max_new_tokens": 8, "benchmarks": bench, "macro": {"tau": mac, "tau_ci95": None}}))
+    out = subprocess.run([sys.executable, str(ROOT / "experiments" / "data_scaling.py"),
+                          *map(str, sorted((tmp_path / "points").iterdir())), "--out", str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    rows = [r for r in out.splitlines() if r.startswith("| 50,000") or r.startswith("| 200,000")]
+    assert rows[0].startswith("| 50,000 | 250 | 2 | 500 |")            # sorted by tokens
+    assert "| 2.500 [2.000, 3.000] | 2.000 [2.000, 2.000] | 1.500 [1.000, 2.000] | **2.000**" in rows[1]
+    assert (tmp_path / "scaling.png").stat().st_size > 10_000

@@ -52,19 +52,30 @@ class BenchmarkSpec:
     format: Callable[[str], str]
     paper_samples: int                  # the DeLS-Spec / DFlash harness counts (eval=paper)
     hf: tuple | None = None             # (dataset, config, split, field) for benchmark.source=hf
+    family: str = ""                    # math | code | chat: the DeLS paper's grouping (its claims compare them)
 
 
 BENCHMARKS: dict[str, BenchmarkSpec] = {
-    "gsm8k": BenchmarkSpec("gsm8k.jsonl", _math, 128, ("openai/gsm8k", "main", "test", "question")),
-    "math500": BenchmarkSpec("math500.jsonl", _math, 128, ("HuggingFaceH4/MATH-500", None, "test", "problem")),
-    "aime25": BenchmarkSpec("aime25.jsonl", _math, 30, ("MathArena/aime_2025", None, "train", "problem")),
+    "gsm8k": BenchmarkSpec("gsm8k.jsonl", _math, 128, ("openai/gsm8k", "main", "test", "question"), "math"),
+    "math500": BenchmarkSpec("math500.jsonl", _math, 128, ("HuggingFaceH4/MATH-500", None, "test", "problem"), "math"),
+    "aime25": BenchmarkSpec("aime25.jsonl", _math, 30, ("MathArena/aime_2025", None, "train", "problem"), "math"),
     "humaneval": BenchmarkSpec("humaneval.jsonl", _humaneval, 164,
-                               ("openai/openai_humaneval", None, "test", "prompt")),
-    "mbpp": BenchmarkSpec("mbpp.jsonl", _same, 128, ("google-research-datasets/mbpp", "sanitized", "test", "prompt")),
-    "livecodebench": BenchmarkSpec("livecodebench_leetcode_subset.jsonl", _same, 128),
-    "mt_bench": BenchmarkSpec("mt_bench.jsonl", _same, 80, ("HuggingFaceH4/mt_bench_prompts", None, "train", "prompt")),
-    "alpaca": BenchmarkSpec("alpaca.jsonl", _same, 128),
+                               ("openai/openai_humaneval", None, "test", "prompt"), "code"),
+    "mbpp": BenchmarkSpec("mbpp.jsonl", _same, 128, ("google-research-datasets/mbpp", "sanitized", "test", "prompt"),
+                          "code"),
+    "livecodebench": BenchmarkSpec("livecodebench_leetcode_subset.jsonl", _same, 128, family="code"),
+    "mt_bench": BenchmarkSpec("mt_bench.jsonl", _same, 80, ("HuggingFaceH4/mt_bench_prompts", None, "train", "prompt"),
+                              "chat"),
+    "alpaca": BenchmarkSpec("alpaca.jsonl", _same, 128, family="chat"),
 }
+
+
+def families() -> dict[str, list[str]]:
+    """Benchmark family -> its benchmarks, in table order (math, code, chat)."""
+    out: dict[str, list[str]] = {}
+    for name, spec in BENCHMARKS.items():
+        out.setdefault(spec.family, []).append(name)
+    return out
 
 
 @dataclass

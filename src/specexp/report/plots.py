@@ -193,6 +193,25 @@ def tau_against(panels: list[tuple[dict, str, str]], path) -> Path:
     return _save(fig, path)
 
 
+def scaling_curve(series: dict[str, list[tuple[float, float, list[float] | None]]], path, xlabel: str,
+                  title: str) -> Path:
+    """τ against training data: `series` = {label: [(x, τ, [lo, hi] 95% CI or None), ...]} (a benchmark family or
+    the macro, drawn in black), error bars from the CIs, x on a log scale."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for label, pts in series.items():
+        pts = sorted(p for p in pts if p[1] is not None)
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        err = [[y - (c[0] if c else y) for (_, y, c) in pts], [(c[1] if c else y) - y for (_, y, c) in pts]]
+        style = dict(color="k", lw=2, marker="o") if label == "macro" else dict(lw=1.2, marker=".")
+        ax.errorbar(xs, ys, yerr=err, capsize=3, label=label, **style)
+    ax.set_xscale("log")
+    ax.set(xlabel=xlabel, ylabel="τ (tokens per verification)", title=title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="best")
+    return _save(fig, path)
+
+
 # --------------------------------------------------------------------------------------------- training
 TRAIN_PANELS = (("train/loss", "loss"), ("train/tau_sim", "simulated τ"), ("train/acc", "accuracy"),
                 ("lr", "learning rate"))

@@ -1,0 +1,124 @@
+"""The mini data-scaling curve: τ of b8 DFlash drafters trained on growing nested subsets of SmolLM2's own greedy
+answers, per benchmark family (math / code / chat) and macro, with 95% bootstrap CIs from replay.
+
+Each point is a directory holding the training card (`card.json`, as `task=train` writes it) and a replay run of
+that drafter on the fixed reference set (`replay/`: summary.json + samples.jsonl.gz). To rebuild the committed
+points (experiments/results/data_scaling/; about 3 h on 2 CPU cores, most of it training):
+
+    for n in 25000 50000 100000 200000 null; do
+      python -m specexp experiment=mini_dflash_scale train.data_tokens=$n hydra.run.dir=runs/scale/train-$n
+      python -m specexp task=replay drafter=dflash drafter.checkpoint=runs/scale/train-$n/checkpoint \\
+          eval.num_samples=50 eval.max_new_tokens=128 hydra.run.dir=runs/scale/replay-$n
+    done
+    python experiments/data_scaling.py --collect runs/scale --out experiments/results/data_scaling
+    python experiments/data_scaling.py experiments/results/data_scaling/points/* --out experiments/results/data_scaling
+
+Writes `scaling.md` (per point: training tokens, steps, τ per benchmark, per family and macro with CIs) and
+`scaling.png`. Family τ is the unweighted mean of its benchmarks' τ, its CI from the same bootstrap as the macro
+(`specexp.eval.metrics.tau_ci95` on the family's benchmarks). τ includes the bonus token. Never imported by the
+library.
+"""
+import argparse
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+from specexp import benchmarks
+from specexp.eval.compare import load_records
+from specexp.eval.metrics import tau_ci95
+from specexp.report.plots import scaling_curve
+
+REPLAY_FILES = ("summary.json", "summary.md", "config.yaml", "run.json")
+
+
+def collect(src: Path, out: Path) -> None:
+    """Copy each `train-N` card and `replay-N` run under `src` into `out/points/N/` (samples gzipped)."""
+    for train in sorted(src.glob("train-*")):
+        tag = train.name.split("-", 1)[1]
+        replay = src / f"replay-{tag}"
+        if not (train / "train_summary.json").exists() or not (replay / "summary.json").exists():
+            print(f"skip {tag}: no training card or replay summary yet")
+            continue
+        dst = out / "points" / tag
+        (dst / "replay").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(train / "train_summary.json", dst / "card.json")
+        for name in REPLAY_FILES:
+            if (replay / name).exists():
+                shutil.copy2(replay / name, dst / "replay" / name)
+        with open(replay / "samples.jsonl", "rb") as f, gzip.open(dst / "replay" / "samples.jsonl.gz", "wb",
+                                                                   mtime=0) as g:
+            shutil.copyfileobj(f, g)
+        print(f"collected {tag} -> {dst}")
+
+
+def point(d: Path) -> dict:
+    card = json.loads((d / "card.json").read_text())
+    summary = json.loads((d / "replay" / "summary.json").read_text())
+    by_bench: dict[str, list[dict]] = {}
+    for r in load_records(d / "replay"):
+        by_bench.setdefault(r["benchmark"], []).append(r)
+    fams = {}
+    for fam, names in benchmarks.families().items():
+        sub = {b: by_bench[b] for b in names if b in by_bench}
+        taus = [summary["benchmarks"][b]["tau"] for b in sub]
+        fams[fam] = (sum(taus) / len(taus), tau_ci95(sub)[1]) if taus else (None, None)
+    return {"dir": d, "tokens": card["response_tokens"], "sequences": card["sequences"], "steps": card["steps"],
+            "epochs": card["train"]["epochs"], "seconds": card["train_seconds"], "summary": summary, "families": fams}
+
+
+def ci(c) -> str:
+    return "–" if not c else f"[{c[0]:.3f}, {c[1]:.3f}]"
+
+
+def table(points: list[dict]) -> str:
+    names = list(points[0]["summary"]["benchmarks"])
+    fams = list(points[0]["families"])
+    s0 = points[0]["summary"]
+    n = {b: s0["benchmarks"][b]["num_samples"] for b in names}
+    rows = ["# Mini data scaling: b8 DFlash on SmolLM2-135M-Instruct, τ by replay with 95% CIs", "",
+            f"Greedy, {s0['max_new_tokens']} new tokens; prompts per benchmark: "
+            + ", ".join(f"{b} {k}" for b, k in n.items())
+            + ". Each point trains the same recipe (`conf/experiment/mini_dflash_scale.yaml`) on a nested random "
+              "subset of the shipped answers; families: "
+            + "; ".join(f"{f} = {', '.join(v)}" for f, v in benchmarks.families().items()) + ".", "",
+            "| response tokens | sequences | epochs | steps | train time | " + " | ".join(fams) + " | macro |",
+            "|---:|---:|---:|---:|---:|" + "---:|" * (len(fams) + 1)]
+    for p in points:
+        m = p["summary"]["macro"]
+        rows.append(f"| {p['tokens']:,} | {p['sequences']:,} | {p['epochs']} | {p['steps']:,} | {p['seconds']:.0f} s | "
+                    + " | ".join(f"{p['families'][f][0]:.3f} {ci(p['families'][f][1])}" for f in fams)
+                    + f" | **{m['tau']:.3f}** {ci(m.get('tau_ci95'))} |")
+    rows += ["", "Per benchmark:", "", "| response tokens | " + " | ".join(names) + " |",
+             "|---:|" + "---:|" * len(names)]
+    for p in points:
+        b = p["summary"]["benchmarks"]
+        rows.append(f"| {p['tokens']:,} | " + " | ".join(f"{b[x]['tau']:.3f} {ci(b[x].get('tau_ci95'))}"
+                                                        for x in names) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("points", nargs="*", type=Path, help="point directories (card.json + replay/)")
+    ap.add_argument("--collect", type=Path, help="copy runs/scale/{train,replay}-N into OUT/points/N first")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    if a.collect:
+        collect(a.collect, a.out)
+        if not a.points:
+            return
+    pts = sorted((point(d) for d in a.points), key=lambda p: p["tokens"])
+    a.out.mkdir(parents=True, exist_ok=True)
+    md = table(pts)
+    (a.out / "scaling.md").write_text(md)
+    series = {f: [(p["tokens"], *p["families"][f]) for p in pts] for f in pts[0]["families"]}
+    series["macro"] = [(p["tokens"], p["summary"]["macro"]["tau"], p["summary"]["macro"].get("tau_ci95"))
+                       for p in pts]
+    scaling_curve(series, a.out / "scaling.png", "training response tokens (log scale)",
+                  "b8 DFlash on SmolLM2-135M: τ vs data (replay, 95% CI)")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
