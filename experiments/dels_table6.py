@@ -2,7 +2,7 @@
 runtime's, and the value in the composed config of each paper experiment (conf/experiment/paper_*.yaml), so the
 comparison stays true when a file changes. Never imported by the library; loads no model.
 
-    python experiments/dels_table6.py                            # every conf/experiment/paper_*.yaml
+    python experiments/dels_table6.py                            # every conf/experiment/paper_*.yaml that trains
     python experiments/dels_table6.py paper_dels_rnn_qwen3_8b --out experiments/results/paper_recipes.md
 
 A row prints ✓ when the config equals the paper's value, ✗ when it differs, and nothing when the paper states none.
@@ -93,10 +93,12 @@ def table(name: str, pv: dict) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("experiments", nargs="*", help="experiment names (default: every conf/experiment/paper_*.yaml)")
+    ap.add_argument("experiments", nargs="*", help="experiment names (default: every conf/experiment/paper_*.yaml "
+                    "that trains)")
     ap.add_argument("--out", type=Path, help="also write the markdown here")
     args = ap.parse_args(argv)
-    names = args.experiments or sorted(p.stem for p in (CONF / "experiment").glob("paper_*.yaml"))
+    names = args.experiments or [n for n in sorted(p.stem for p in (CONF / "experiment").glob("paper_*.yaml"))
+                                 if compose(n).task.name == "train"]        # training recipes (not eval-only rows)
     pv = load()
     text = ("# Paper recipes: paper value / config value per hyperparameter\n\n"
             "Written by `python experiments/dels_table6.py --out experiments/results/paper_recipes.md` from the "

@@ -285,6 +285,8 @@ RULES = {
     "drafter.tree.total_tokens": (_int(2), "an int >= 2 (the anchor + at least one draft)"),
     "drafter.tap_layers": (_null_or(lambda v: _int_list()(v) and len(v) == 3), "3 target layer ids >= 0, or null"),
     "drafter.draft_vocab_size": (_null_or(_int(1)), "an int >= 1 or null (the full vocabulary)"),
+    "drafter.ttt_length": (_int(1), "an int >= 1 (training-time test steps)"),
+    "drafter.ttt_decay": (_num(0, lo_open=True), "a finite number > 0"),
     "fusion.alpha": (_fusion_weight, "a finite number, a list of them, or 'learned'"),
     "fusion.beta": (_fusion_weight, "a finite number, a list of them, or 'learned'"),
     "fusion.kernel": (_one_of("auto", "triton", "torch"), "auto, triton or torch"),

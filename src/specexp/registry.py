@@ -97,7 +97,7 @@ for _e in (
                  checkpoints={"smollm2_135m": {"checkpoint": f"{MINI}-dedit"}},
                  summary="DEdit: DFlash-architecture unmasking + token-to-token edit passes"),
     # EAGLE-3: no default checkpoints (the Qwen3 releases' layouts are not verified here); random init without one.
-    DrafterEntry("eagle3", eagle3.build,
+    DrafterEntry("eagle3", eagle3.build, train="specexp.training.eagle3_module:plan",
                  summary="EAGLE-3: one layer over (embedding, fused target taps), chain or dynamic-tree drafts"),
 ):
     register_drafter(_e)

@@ -1,5 +1,5 @@
 """EAGLE-3 drafter: one Llama decoder layer over (token embedding, fused target features), drafting token by token,
-as a chain or as an EAGLE-2-style dynamic tree. Inference only (no training here).
+as a chain or as an EAGLE-2-style dynamic tree. Training (training-time test): training/eagle3_module.py.
 
 Own implementation of the public EAGLE-3 checkpoint layouts (SafeAILab/EAGLE `eagle/model/cnets.py`, SpecForge
 `specforge/modeling/draft/llama3_eagle.py` `LlamaForCausalLMEagle3`), no remote code, safetensors only:

@@ -1,0 +1,168 @@
+"""EAGLE-3 training (training/eagle3_module.py): the training-time-test forward against a step-by-step recomputation
+through the drafter's own inference layer, overfitting one sequence, the draft vocabulary from frequencies, and
+`task=train drafter=eagle3` through the real pipeline to a checkpoint that loads and drafts losslessly."""
+import json
+
+import pytest
+import torch
+from conftest import BASE, make_cfg
+
+from specexp.decoding.engine import DecodeConfig, generate
+from specexp.drafters.dflash import init_weights
+from specexp.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3DraftModel
+from specexp.training import data as D
+from specexp.training import pipeline
+from specexp.training.eagle3_module import (
+    Eagle3LitModule,
+    d2t_of,
+    draft_vocab,
+    t2d_index,
+    ttt_forward,
+    ttt_labels,
+)
+
+TAPS = [0, 1, 3]
+
+
+def sequence(target, text="Tell me a story about a lighthouse.", n=24):
+    ids = target.encode_chat([{"role": "user", "content": text}])
+    ref = generate(target, None, ids, DecodeConfig(max_new_tokens=n))
+    return D.Sequence("one", torch.tensor(ids + ref.tokens), torch.tensor([0] * len(ids) + [1] * n).bool())
+
+
+def random_model(target, vd=None, seed=0, scale=1.0):
+    model = init_weights(Eagle3DraftModel(Eagle3Config.for_target(target, vd, TAPS)), seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(scale)
+    return model
+
+
+def test_ttt_forward_equals_a_step_by_step_recomputation(tiny_target):
+    """Step j at index p = the chain drafted from p: the real pairs 0..p through the layer (causal), then j steps
+    each feeding (own output, embedding of ids[p+1+i]) at position p+i with the cache of everything before."""
+    t = tiny_target
+    model = random_model(t, scale=8.0).double().eval()     # larger weights: attention far from uniform
+    ids = torch.randint(0, 5000, (11,), generator=torch.Generator().manual_seed(1))
+    _, taps = t.forward(ids[None], 0, t.new_cache(), taps=TAPS)
+    taps = taps[0].double()
+
+    def embed(x):
+        return t.embed_tokens(x).double()
+
+    length, s = 4, ids.numel()
+    with torch.no_grad():
+        outs = ttt_forward(model, embed, taps, ids, length)
+        assert len(outs) == length and outs[0].shape == (s, t.hidden_size)
+        for p in range(s - 1):
+            n = p + 1                                                   # pairs 0..p: (tap_q, token q+1)
+            causal = torch.ones(n, n, dtype=torch.bool).tril()
+            h, kv = model(model.features(taps[None, :n]), embed(ids[None, 1:n + 1]), torch.arange(n),
+                          None, causal)
+            h = h[:, -1:]
+            torch.testing.assert_close(outs[0][p], h[0, 0], atol=1e-9, rtol=1e-9)
+            for j in range(1, length):
+                if p + 1 + j >= s:
+                    break
+                h, (k, v) = model(h, embed(ids[None, p + 1 + j: p + 2 + j]), torch.tensor([p + j]), kv)
+                kv = (torch.cat([kv[0], k], 2), torch.cat([kv[1], v], 2))
+                torch.testing.assert_close(outs[j][p], h[0, 0], atol=1e-9, rtol=1e-9)
+    lab, use = ttt_labels(ids, torch.ones(s, dtype=torch.bool), 2)
+    assert lab[:s - 4].tolist() == ids[4:].tolist() and use.tolist() == [True] * (s - 4) + [False] * 4
+
+
+def test_the_draft_vocabulary_is_the_most_frequent_response_tokens_and_d2t_maps_it():
+    seqs = [D.Sequence("a", torch.tensor([9, 7, 7, 5, 5, 5, 3]), torch.tensor([0, 1, 1, 1, 1, 1, 1]).bool()),
+            D.Sequence("b", torch.tensor([9, 9, 9, 8, 3, 2]), torch.tensor([0, 0, 0, 1, 1, 1]).bool())]
+    # response counts: 5 x3, 3 x2, 7 x2, 8 x1, 2 x1 (9 only in prompts). Ties go to the lower id.
+    used = draft_vocab(seqs, 12, 4)
+    assert used.tolist() == [2, 3, 5, 7]
+    assert torch.equal(used, draft_vocab(list(reversed(seqs)), 12, 4))            # deterministic, order-free
+    d2t = d2t_of(used)
+    assert d2t.tolist() == [2, 2, 3, 4] and (torch.arange(4) + d2t).tolist() == [2, 3, 5, 7]
+    t2d = t2d_index(d2t, 12)
+    assert [int(t2d[i]) for i in (2, 3, 5, 7)] == [0, 1, 2, 3] and int((t2d >= 0).sum()) == 4
+    # fewer distinct response tokens than asked for: topped up with the lowest unused ids
+    assert draft_vocab(seqs, 12, 8).tolist() == [0, 1, 2, 3, 4, 5, 7, 8]
+    assert draft_vocab(seqs, 12, None).tolist() == list(range(12))
+    # a model holding the map drafts target ids
+    model = Eagle3DraftModel(Eagle3Config(hidden_size=8, intermediate_size=8, num_attention_heads=2,
+                                          num_key_value_heads=1, head_dim=4, vocab_size=12, draft_vocab_size=4,
+                                          target_hidden_size=8))
+    model.d2t.copy_(d2t)
+    assert model.to_target(torch.arange(4)).tolist() == [2, 3, 5, 7]
+
+
+def test_overfitting_one_sequence_drives_step0_accuracy_up(tiny_target):
+    t = tiny_target
+    seq = sequence(t)
+    vd = 256
+    used = draft_vocab([seq], t.vocab_size, vd)
+    model = random_model(t, vd)
+    model.d2t.copy_(d2t_of(used))
+    m = Eagle3LitModule(model, t, ttt_length=3, ttt_decay=0.8, lr=0, warmup_ratio=0, weight_decay=0, tap_layers=TAPS)
+    _, taps = t.forward(seq.ids[None], 0, t.new_cache(), taps=TAPS)
+    taps = taps[0].clone()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    torch.manual_seed(0)
+    first = None
+    for step in range(150):
+        loss, metrics = m.ttt_loss(seq.ids, seq.loss_mask, taps)
+        if first is None:
+            first = (float(loss.detach()), float(metrics["acc_k0"]))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        loss, metrics = m.ttt_loss(seq.ids, seq.loss_mask, taps)
+    # measured: acc_k0 0.04 -> 1.0, loss 13.5 -> 0.016, tau_sim 3.88 of at most 4
+    assert first[1] < 0.2 and float(metrics["acc_k0"]) > 0.95, (first, metrics)
+    assert float(loss) < 0.05 * first[0], (first, float(loss))
+    assert float(metrics["acc_k2"]) > 0.9 and float(metrics["tau_sim"]) > 3.5, metrics
+
+
+@pytest.mark.slow
+def test_train_drafter_eagle3_writes_a_checkpoint_that_loads_and_is_lossless(tiny_target, tmp_path, monkeypatch):
+    t = tiny_target
+    monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path / "cache"))
+    cfg = make_cfg([*BASE, "drafter=eagle3", "drafter.init=random", "drafter.draft_vocab_size=1024",
+                    f"drafter.tap_layers=[{','.join(map(str, TAPS))}]", "drafter.ttt_length=3", "task=train",
+                    "train=smoke", "train.max_steps=6", "data=smoke", f"paths.cache={tmp_path / 'cache'}",
+                    "train.eval_after=true", "benchmark=gsm8k", "eval.num_samples=1", "eval.max_new_tokens=12",
+                    f"train.export_dir={tmp_path / 'export'}"])
+    card = pipeline.run_train(cfg, tmp_path / "run")
+    assert card["steps"] == 6 and card["kind"] == "eagle3"
+    assert card["facts"]["draft_vocab"] == "the 1024 most frequent response tokens of the training data"
+    assert 0 < card["facts"]["draft_vocab_coverage"] <= 1 and card["facts"]["ttt_length"] == 3
+    assert "train/acc_k0" in card["final_metrics"] and "train/tau_sim" in card["final_metrics"]
+    summary = json.loads((tmp_path / "run" / "eval" / "summary.json").read_text())
+    assert summary["benchmarks"]["gsm8k"]["lossless_mismatches"] == 0
+    model = Eagle3DraftModel.from_pretrained(tmp_path / "export")
+    assert model.config.draft_vocab_size == 1024 and model.config.tap_layers == TAPS
+    assert model.fc.weight.dtype == torch.bfloat16 and model.embed_tokens is None
+    seqs = pipeline.context(cfg).seqs
+    assert torch.equal(model.to_target(torch.arange(1024)), draft_vocab(seqs, t.vocab_size, 1024))
+    drafter = Eagle3Drafter(model.float(), t, num_drafts=4)
+    ids = t.encode_chat([{"role": "user", "content": "Name three prime numbers."}])
+    ref = generate(t, None, ids, DecodeConfig(max_new_tokens=24))
+    assert generate(t, drafter, ids, DecodeConfig(max_new_tokens=24)).tokens == ref.tokens
+    # the stage is reused
+    again = pipeline.run_train(cfg, tmp_path / "run2")
+    assert again["run_dir"] == card["run_dir"] and again["train_seconds"] == card["train_seconds"]
+
+
+def test_init_from_target_copies_what_fits(tiny_target):
+    from specexp.training.eagle3_module import init_from_target
+
+    t = tiny_target
+    used = torch.arange(0, 4096, 4)
+    model = random_model(t, len(used))
+    model.d2t.copy_(d2t_of(used))
+    copied = init_from_target(model, t)
+    top = t.model.model.layers[-1]
+    assert set(copied) == {"midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight",
+                           "midlayer.mlp.down_proj.weight", "midlayer.self_attn.o_proj.weight",
+                           "midlayer.post_attention_layernorm.weight", "norm.weight", "lm_head.weight"}
+    assert torch.equal(model.midlayer.mlp.down_proj.weight, top.mlp.down_proj.weight)
+    assert torch.equal(model.lm_head.weight, t.lm_head.weight[used])
