@@ -12,6 +12,8 @@ experiments/paper_values.yaml, printed beside the measured ones with the differe
 them, 95% CIs; see README "Reproducing the papers"):
     python experiments/dels_table.py R/dflash_t0 R/dels_markov_t0 R/dels_rnn_t0 R/dflash_t1 R/dels_markov_t1 \\
         R/dels_rnn_t1 --paper dels_t1                                       # Table 1: T = 0 and T = 1 (protocol A)
+    (Table 1's EAGLE-3 baseline rows: `python -m specexp experiment=paper_eagle3_qwen3_8b drafter.checkpoint=CKPT
+    hydra.run.dir=R/eagle3_t0`, then R/eagle3_t0 among the runs; labelled with its tree size, as the paper does)
     python experiments/dels_table.py R/dflash_b7 R/dels_rnn_b7 R/dels_markov_b7 --paper dels_t2   # Table 2 (block 7)
     python experiments/dels_table.py R/dels_rnn_t0 R/dels_rnn_learned_t0 --paper dels_t4          # Table 4
 and Table 5 is --cards (peak allocated and peak reserved CUDA memory, next to the paper's hours and GB).
@@ -34,6 +36,11 @@ def label(run: Path, s: dict) -> str:
     if s["drafter"].startswith("dels"):
         fu = cfg.get("fusion", {})
         return f"{s['drafter']} (α={fu.get('alpha')}, β={fu.get('beta')})"
+    if s["drafter"] == "eagle3":                       # Table 1 gives a tree drafter's tree size in parentheses
+        d = cfg.get("drafter", {})
+        if d.get("mode") == "tree":
+            return f"eagle3 ({d.get('tree', {}).get('total_tokens')})"
+        return f"eagle3 (chain, K={d.get('num_drafts')})"
     return s["drafter"]
 
 

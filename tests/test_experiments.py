@@ -35,6 +35,13 @@ def test_dels_table(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "experiments" / "dels_table.py"), str(tmp_path / "dflash"),
                           str(tmp_path / "rnn")], capture_output=True, text=True, check=True).stdout
     assert "| dels_rnn (α=0.3, β=0.3) | 1.50 |" in out and "dels_rnn +20.0%" in out
+    fake_run(tmp_path / "eagle", "eagle3", 0.3, 0.3, 1.4)
+    cfg = yaml.safe_load((tmp_path / "eagle" / "config.yaml").read_text())
+    cfg["drafter"] = {"mode": "tree", "tree": {"total_tokens": 60}}
+    (tmp_path / "eagle" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    out = subprocess.run([sys.executable, str(ROOT / "experiments" / "dels_table.py"), str(tmp_path / "dflash"),
+                          str(tmp_path / "eagle")], capture_output=True, text=True, check=True).stdout
+    assert "| eagle3 (60) | 1.40 |" in out                 # a tree drafter's row carries its tree size
 
 
 def test_domino_table3_gain_ratio_and_cost(tmp_path):
