@@ -292,6 +292,17 @@ RULES = {
     "fusion.kernel": (_one_of("auto", "triton", "torch"), "auto, triton or torch"),
     "fusion.cuda_graph": (_one_of("auto", True, False), "auto, true or false"),
     "logger.mode": (_one_of(None, "online", "offline", "disabled"), "null, online, offline or disabled"),
+    "data.source": (_one_of("corpus", "hub"), "corpus (files of data/corpus, data.corpus) or hub (data.hub)"),
+    "data.hub.id": (_null_or(lambda v: isinstance(v, str) and v != ""),
+                    "null or a hub dataset id (owner/name), a local directory or a local JSON/JSONL file"),
+    "data.hub.revision": (_null_or(lambda v: isinstance(v, str) and v != ""), "a hub branch, tag or commit, or null"),
+    "data.hub.name": (_null_or(lambda v: isinstance(v, str) and v != ""), "null or a dataset config name"),
+    "data.hub.data_files": (_null_or(lambda v: isinstance(v, str) and v != "" or isinstance(v, list) and bool(v)
+                                     and all(isinstance(x, str) and x for x in v)),
+                            "null, a file name or a non-empty list of file names inside the data set"),
+    "data.hub.split": (lambda v: isinstance(v, str) and v != "", "a split name, e.g. train"),
+    "data.hub.format": (_one_of("sharegpt", "messages"),
+                        "sharegpt (conversations: role/content or from/value) or messages (role/content)"),
     "data.max_samples": (_null_or(_int(1)), "an int >= 1 or null (all)"),
     "data.shuffle_seed": (_int(), "an int"),
     "data.max_length": (_int(2), "an int >= 2"),
@@ -419,6 +430,15 @@ def validate(cfg, job: dict | None = None) -> None:
     _check_target_fit(values)
     _check_drafter_checkpoint(values)
     _check_shard(values)
+    _check_hub(values)
+
+
+def _check_hub(values: dict) -> None:
+    """`data.source=hub` names its data set (`data.hub.id`)."""
+    d = values.get("data") or {}
+    if d.get("source") == "hub" and not (d.get("hub") or {}).get("id"):
+        raise UserError("data.source=hub needs data.hub.id: a hub dataset id (owner/name), a local directory or a "
+                        "local JSON/JSONL file")
 
 
 SHARDED_TASKS = ("eval", "replay")          # the tasks that run a selection of prompts (eval/shards.py)
@@ -570,3 +590,5 @@ class DataConfig(_FromCfg):
     corpus_dir: str | None = None
     regen_import: str | None = None
     regen_export: str | None = None
+    source: str = "corpus"
+    hub: dict | None = None

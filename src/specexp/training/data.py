@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,63 @@ def load_corpus(names: list[str], max_samples: int | None, seed: int,
         random.Random(seed).shuffle(rows)
         out += rows[:max_samples]
     return out
+
+
+# ------------------------------------------------------------------------------------------- hub sets
+HUB_FORMATS = ("sharegpt", "messages")
+_ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system"}
+_EMPTY_THINK = re.compile(r"\A\s*<think>\s*</think>\s*")
+
+
+def hub_spec(hub) -> dict:
+    """What names a hub data set in stage and data hashes: id, revision, config name, data files, split, format."""
+    h = dict(hub)
+    return {k: h.get(k) for k in ("id", "revision", "name", "data_files", "split", "format")}
+
+
+def load_hub(hub, max_samples: int | None, seed: int) -> list[Conversation]:
+    """First exchanges of a data set read through `datasets.load_dataset(id, name, data_files, split, revision)`
+    (no remote code), shuffled with `seed`, `max_samples` of them. `hub.id` may be a hub dataset id, a local
+    directory (the same call) or a local JSON/JSONL file (the json builder). Formats:
+      sharegpt  {id?, conversations: [{role, content} | {from, value}, ...]}: roles user/human, assistant/gpt, an
+                optional leading system turn (dropped: the prompt is rendered as inference renders it), as the
+                DeLS-Spec reference trainer reads its corpora (SpecForge `build_eagle3_dataset`, `conversations`)
+      messages  {id?, messages: [{role, content}, ...]}, the format of data/corpus/
+    The answer is the record's first assistant turn (the target's own answer in a regenerated set); a leading
+    empty `<think></think>` block is removed (the chat template with thinking disabled already renders one)."""
+    import datasets
+
+    spec = hub_spec(hub)
+    check(spec["format"] in HUB_FORMATS,
+          f"data.hub.format={spec['format']!r} is not valid; choose from: {', '.join(HUB_FORMATS)}")
+    src, local = str(spec["id"]), Path(str(spec["id"])).expanduser()
+    if local.is_file():
+        ds = datasets.load_dataset("json", data_files=str(local), split=spec["split"])
+    else:
+        ds = datasets.load_dataset(str(local) if local.is_dir() else src, name=spec["name"],
+                                   data_files=spec["data_files"], split=spec["split"], revision=spec["revision"])
+    field = "conversations" if spec["format"] == "sharegpt" else "messages"
+    check(field in ds.column_names, f"data.hub: {src} has columns {ds.column_names}; format {spec['format']} "
+                                    f"reads {field!r}")
+    rows, skipped = [], 0
+    for n, r in enumerate(ds):
+        turns = []
+        for m in r[field] or []:
+            role = _ROLES.get(m.get("role") or m.get("from") or "")
+            text = m.get("content") if m.get("content") is not None else m.get("value")
+            check(role is not None and isinstance(text, str),
+                  f"data.hub: {src} record {n}: a turn needs role/content or from/value (user, assistant, ...)")
+            turns.append((role, text))
+        if turns and turns[0][0] == "system":
+            turns = turns[1:]
+        if len(turns) < 2 or turns[0][0] != "user" or turns[1][0] != "assistant":
+            skipped += 1
+            continue
+        rows.append(Conversation(str(r.get("id") or f"{src}:{n}"), turns[0][1], _EMPTY_THINK.sub("", turns[1][1])))
+    if skipped:
+        print(f"specexp: {skipped} records of {src} without a user turn then an assistant turn skipped", flush=True)
+    random.Random(seed).shuffle(rows)
+    return rows[:max_samples]
 
 
 # ------------------------------------------------------------------------------------------ regeneration

@@ -66,14 +66,19 @@ def stage_lock(stage: Path):
 
 
 def prepare_sequences(data, target_cfg, target, stages: Path) -> tuple[list[D.Sequence], str]:
-    """Training sequences of the `data` config (regenerated and/or corpus answers) and a hash of their tokens."""
-    convs = D.load_corpus(list(data.corpus), data.max_samples, data.shuffle_seed, data.get("corpus_dir"))
+    """Training sequences of the `data` config (regenerated and/or corpus answers) and a hash of their tokens
+    (with `data.source=hub`, of the data set's id, revision and options too)."""
+    hub = D.hub_spec(OmegaConf.to_container(data.hub, resolve=True)) if data.get("source") == "hub" else None
+    if hub is None:
+        convs = D.load_corpus(list(data.corpus), data.max_samples, data.shuffle_seed, data.get("corpus_dir"))
+    else:
+        convs = D.load_hub(hub, data.max_samples, data.shuffle_seed)
     seqs = []
     if data.regenerate:
         r = data.regen
         payload = {"target": target_fingerprint(target_cfg, target), "corpus": list(data.corpus),
                    "max_samples": data.max_samples, "seed": data.shuffle_seed,
-                   "regen": OmegaConf.to_container(r, resolve=True)}
+                   "regen": OmegaConf.to_container(r, resolve=True), **({"hub": hub} if hub else {})}
         stage = stage_dir(stages, "regen", payload)
         out = stage / "regen.jsonl"
         with stage_lock(stage):             # ranks started together build it once (stage_lock)
@@ -98,7 +103,8 @@ def prepare_sequences(data, target_cfg, target, stages: Path) -> tuple[list[D.Se
     if data.corpus_answers:
         seqs += D.sequences_from_corpus(target, convs, data.max_length, data.min_response_tokens)
     check(bool(seqs), "no training sequences: enable data.regenerate or data.corpus_answers, or raise data.max_samples")
-    h = D.digest([s.ids.tolist() for s in seqs] + [[int(s.loss_mask.sum())] for s in seqs])
+    h = D.digest([s.ids.tolist() for s in seqs] + [[int(s.loss_mask.sum())] for s in seqs]
+                 + ([{"hub": hub}] if hub else []))
     return seqs, h
 
 
