@@ -411,3 +411,22 @@ def test_archived_runs_load_from_gzipped_samples():
     for name in ("gsm8k", "aime25"):
         assert result["benchmarks"][name]["tau_a"] == pytest.approx(summary["benchmarks"][name]["tau"], abs=1e-9)
         assert result["benchmarks"][name]["delta"] == 0
+
+
+def test_cached_taps_of_more_layers_serve_a_subset(tiny_target, tmp_path):
+    """A drafter tapping fewer layers (EAGLE-3's three of DFlash's five) reads the columns of the cached wider
+    taps of the same turn: equal to its own teacher-forced pass, and nothing new is written."""
+    from specexp.eval.replay import _tap_file, cached_teacher_forced
+
+    t = tiny_target
+    ids = t.encode_chat([{"role": "user", "content": "Name three rivers."}])
+    ref = generate(t, None, ids, DecodeConfig(max_new_tokens=12)).tokens
+    wide = _tap_file(tmp_path, "h", (0, 1, 3), "k", 0)
+    cached_teacher_forced(t, ids, ref, (0, 1, 3), wide)
+    narrow = _tap_file(tmp_path, "h", (3, 0), "k", 0)
+    got = cached_teacher_forced(t, ids, ref, (3, 0), narrow)
+    own = teacher_forced(t, ids, ref, (3, 0))
+    torch.testing.assert_close(got["taps"], own["taps"])
+    assert torch.equal(got["argmax"], own["argmax"]) and not narrow.exists()
+    assert cached_teacher_forced(t, ids, ref, (2,), _tap_file(tmp_path, "h", (2,), "k", 0))["taps"].shape[-1] \
+        == t.hidden_size                                       # a layer not cached: computed

@@ -63,6 +63,23 @@ def _tap_file(root: Path, ref_hash: str, taps, key: str, turn: int) -> Path:
     return root / ref_hash / f"taps-{layers}" / f"{key}-t{turn}.safetensors"
 
 
+def _wider_tap_file(path: Path, taps) -> tuple[Path, torch.Tensor] | None:
+    """The same turn's cached file of a tap set that includes every layer of `taps` (e.g. EAGLE-3's three of
+    DFlash's five), with the columns of `taps` in it; None when there is none (or `taps` is empty)."""
+    if not taps:
+        return None
+    for other in sorted(path.parent.parent.glob(f"taps-*/{path.name}")):
+        have = [int(x) for x in other.parent.name.removeprefix("taps-").split("-") if x.isdigit()]
+        if set(taps) <= set(have) and list(taps) != have:
+            from safetensors import safe_open
+
+            with safe_open(str(other), framework="pt") as f:
+                width = f.get_slice("taps").get_shape()[-1] // len(have)
+            cols = torch.cat([torch.arange(have.index(t) * width, (have.index(t) + 1) * width) for t in taps])
+            return other, cols
+    return None
+
+
 def cached_teacher_forced(target, prompt, ref, taps, path: Path | None) -> dict:
     """`teacher_forced`, read from / written to `path` (safetensors) when given."""
     from safetensors.torch import load_file, save_file
@@ -70,6 +87,10 @@ def cached_teacher_forced(target, prompt, ref, taps, path: Path | None) -> dict:
     if path is not None and path.exists():
         d = load_file(path, device=str(target.device))
         return {"taps": d.get("taps"), "argmax": d["argmax"].cpu(), "gap": d["gap"].cpu()}
+    wider = _wider_tap_file(path, taps) if path is not None else None
+    if wider is not None:                      # taps of more layers, same reference turn: read their columns
+        d = load_file(wider[0], device=str(target.device))
+        return {"taps": d["taps"][..., wider[1]], "argmax": d["argmax"].cpu(), "gap": d["gap"].cpu()}
     tf = teacher_forced(target, prompt, ref, taps)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
