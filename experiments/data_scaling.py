@@ -46,8 +46,8 @@ def collect(src: Path, out: Path) -> None:
         for name in REPLAY_FILES:
             if (replay / name).exists():
                 shutil.copy2(replay / name, dst / "replay" / name)
-        with open(replay / "samples.jsonl", "rb") as f, gzip.open(dst / "replay" / "samples.jsonl.gz", "wb",
-                                                                   mtime=0) as g:
+        with open(replay / "samples.jsonl", "rb") as f, \
+                gzip.GzipFile(dst / "replay" / "samples.jsonl.gz", "wb", mtime=0) as g:     # mtime 0: reproducible
             shutil.copyfileobj(f, g)
         print(f"collected {tag} -> {dst}")
 
