@@ -53,7 +53,7 @@ from torch import nn
 from .. import checkpoints as ckpt
 from ..errors import UserError, check
 from .base import Proposal, Sampling, choose
-from .dflash import RMSNorm, init_weights, resolve_checkpoint, rotate
+from .dflash import MLP, RMSNorm, init_weights, resolve_checkpoint, rotate  # MLP: the same gated SiLU layer
 
 ARCH = "LlamaForCausalLMEagle3"
 
@@ -191,17 +191,6 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, scale=self.hd ** -0.5,
                                              enable_gqa=self.nh != self.nkv)                    # [1, Hq, Q, D]
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1)), (k, v)
-
-
-class MLP(nn.Module):
-    def __init__(self, c: Eagle3Config):
-        super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class MidLayer(nn.Module):
