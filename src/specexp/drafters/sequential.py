@@ -73,6 +73,16 @@ def head_init(cfg, target, what: str, train_cmd: str) -> str:
     return init
 
 
+def _fused(long: torch.Tensor, wz: torch.Tensor, alpha: float, beta: float, log_prior: torch.Tensor) -> torch.Tensor:
+    """`fused_logits` with `W z` given (`[a, V]`): the same terms in the same order, each skipped at weight 0."""
+    fused = long
+    if beta:
+        fused = fused - beta * log_prior
+    if alpha:
+        fused = fused + alpha * wz
+    return fused
+
+
 class SequentialDrafter:
     name: str
     first_row = 1                     # backbone block row of draft 1 (0 for a shifted Domino backbone)
@@ -208,6 +218,42 @@ class SequentialDrafter:
                 go = (d == sequence_at(ids, s[alive] + i + 1)) & (k[alive] > i + 1)        # right, and a next row
                 alive, d = alive[go], d[go]
                 state = state[go] if state is not None else None
+        return out
+
+    def matches_all(self, taps: torch.Tensor, ids: torch.Tensor, starts: torch.Tensor, ks: torch.Tensor,
+                    cells: list[tuple[float, float]], chunk: int = 32) -> torch.Tensor:
+        """For fusion-weight grids (replay.fusion_grid, eval/fusion_grid.py): at many anchors of a known sequence,
+        how many leading greedy drafts equal the sequence, for every weight pair `cells` [(alpha, beta), ...]
+        (the pair applies at every draft position). Exact for the reason `propose_all` is: while a block's drafts
+        equal the sequence its loop state is the state after the sequence's own tokens, whatever the weights. So
+        the backbone rows, the loop states and W z are computed once per block, teacher-forced on the sequence,
+        and only `fused_logits`' sum and the argmax run per cell. Returns `[C, N]` counts (at most ks)."""
+        bb, dev = self.backbone, self.w_out.device
+        ids, starts, ks = ids.to(dev), starts.to(dev), ks.to(dev)
+        ctx = bb.context(taps)
+        lp, w = self.log_prior.float(), self.w_out.float()                                  # [V], [V, r]
+        out = torch.zeros((len(cells), len(starts)), dtype=torch.long, device=dev)          # [C, N]
+        for c0 in range(0, len(starts), chunk):
+            s, k = starts[c0: c0 + chunk], ks[c0: c0 + chunk]                               # [n]
+            hidden = bb.blocks(ctx, bb.mask_blocks(ids, s), s)                              # [n, B, H]
+            rows = hidden[:, self.first_row: self.first_row + self.max_drafts].transpose(0, 1)   # [K, n, H]
+            x = {"hidden": rows, "anchor": ids[s]}
+            alive = (k > 0).expand(len(cells), -1).clone()                                  # [C, n] still matching
+            state = None
+            for i in range(self.max_drafts):
+                if not alive.any():
+                    break
+                truth = sequence_at(ids, s + i + 1)                                         # [n] what row i must draft
+                long = bb.lm_head(rows[i]).float()                                          # [n, V]
+                if i == 0:                                                                  # DFlash's row alone
+                    hit = (long.argmax(-1) == truth).expand(len(cells), -1)                 # [C, n]
+                else:
+                    prev = sequence_at(ids, s + i).clamp(min=0)     # row i-1's draft where the block still matches
+                    state = self.begin(x, prev) if i == 1 else self.advance(state, prev)
+                    wz = self.feature(x, state, i).float() @ w.T                            # [n, V]
+                    hit = torch.stack([_fused(long, wz, a, b, lp).argmax(-1) == truth for a, b in cells])  # [C, n]
+                alive &= hit & (k > i)
+                out[:, c0: c0 + len(s)] += alive
         return out
 
     def _replay(self, x: dict, temperature: float, generator):

@@ -229,6 +229,21 @@ def _paired(a: list[dict], b: list[dict], generator):
             "b_wins": int((ma < mb).sum()) / n}, reps
 
 
+def paired_replicates(a: dict[str, list[dict]], b: dict[str, list[dict]]) -> dict[str, tuple[dict, object]]:
+    """Per benchmark both runs have: (the `paired_comparison` row, the bootstrap replicates of Δτ `[R]` or None),
+    from the one seeded generator, so sums of benchmarks' replicates (a family's mean Δτ, a difference between
+    families) are bootstrap replicates of those sums."""
+    import torch
+
+    g = torch.Generator().manual_seed(BOOTSTRAP_SEED)
+    return {name: _paired(a[name], b[name], g) for name in a if name in b}
+
+
+def percentiles95(replicates) -> list[float] | None:
+    """The 95% percentile interval of bootstrap replicates `[R]`."""
+    return _percentiles(replicates)
+
+
 def paired_comparison(a: dict[str, list[dict]], b: dict[str, list[dict]]) -> tuple[dict[str, dict], dict]:
     """Run A vs run B per benchmark (records grouped by benchmark), over the prompts both have: Δτ = τ_A − τ_B
     with a paired-bootstrap 95% CI, and the shares of prompts whose mean per-turn τ is higher in A (`a_wins`),
@@ -236,13 +251,11 @@ def paired_comparison(a: dict[str, list[dict]], b: dict[str, list[dict]]) -> tup
     benchmarks' replicates."""
     import torch
 
-    g = torch.Generator().manual_seed(BOOTSTRAP_SEED)
     per, reps = {}, []
-    for name in a:
-        if name in b:
-            per[name], r = _paired(a[name], b[name], g)
-            if r is not None:
-                reps.append(r)
+    for name, (row, r) in paired_replicates(a, b).items():
+        per[name] = row
+        if r is not None:
+            reps.append(r)
     deltas = [c["delta"] for c in per.values() if c["delta"] is not None]
     macro = {"delta": fmean(deltas) if deltas else None,
              "delta_ci95": _percentiles(torch.stack(reps).mean(0)) if reps else None}

@@ -107,27 +107,28 @@ def _budget(j: int, k_max: int, dc: DecodeConfig) -> int:
 
 @torch.inference_mode()
 def replay_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc: DecodeConfig, near_tie: float,
-                batched: bool = False) -> tuple[Generation, list[int]]:
+                batched: bool = False, known: list[list[int]] | None = None) -> tuple[Generation, list[int]]:
     """The engine's rounds of one turn on the reference (see the module docstring). Returns the generation
     (tokens = the reference, accept_lengths, drafted, rounds) and the indices of near-tie rounds.
 
     `batched`: when the drafter has the optional `propose_all` (drafters/base.py), draft at every anchor of the
     reference in one batched call first (its drafts at an anchor depend only on what precedes it; with the round
     info of each anchor where its proposals carry info, DEdit), then walk the rounds; otherwise (or without it)
-    drive prefill / propose / commit round by round, as the engine does."""
+    drive prefill / propose / commit round by round, as the engine does. `known`: the drafts at every anchor,
+    already known (`[L-1][K]`, eval/fusion_grid.py), walked without calling the drafter."""
     prompt_len = len(prompt)
     stops = set(dc.stop_token_ids)
     gen = Generation(prompt_len=prompt_len, tokens=list(ref))
     gen.stop_reason = "stop" if ref and ref[-1] in stops else "length"
     taps, gap = tf["taps"], tf["gap"]
     k_max = drafter.max_drafts if drafter is not None else 0
-    every = infos = None
-    if drafter is not None and batched and hasattr(drafter, "propose_all") and len(ref) > 1:
+    every, infos = known, None
+    if known is None and drafter is not None and batched and hasattr(drafter, "propose_all") and len(ref) > 1:
         ks = torch.tensor([_budget(j, k_max, dc) for j in range(len(ref) - 1)])                  # [L-1]
         every = drafter.propose_all(taps, torch.tensor(prompt + ref), prompt_len + torch.arange(len(ref) - 1), ks)
         every, infos = every if isinstance(every, tuple) else (every, None)          # infos: per-anchor round info
         every = every.tolist()                                                                   # [L-1][K]
-    elif drafter is not None:
+    elif known is None and drafter is not None:
         drafter.reset()
         prompt_taps = taps[:, :prompt_len] if taps is not None else None
         if getattr(drafter, "needs_prompt_ids", False):
@@ -227,13 +228,36 @@ def build_references(cfg, target, samples, dc: DecodeConfig) -> ReferenceStore:
     return store
 
 
+def run_settings(cfg, refs: ReferenceStore) -> dict:
+    """Every setting that changes a replay's results (run.json, eval/store.py)."""
+    rp, ev = cfg.replay, cfg.eval
+    return {
+        "mode": "replay", "references": refs.hash,
+        "target": {k: v for k, v in OmegaConf.to_container(cfg.target, resolve=True).items() if k != "cache_dir"},
+        "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
+        "max_new_tokens": ev.max_new_tokens, "near_tie": rp.near_tie, "batched": rp.batched, "save_text": ev.save_text,
+    }
+
+
+def tap_file(cfg, refs: ReferenceStore, taps, key: str, turn: int) -> Path | None:
+    """Where a turn's teacher-forced taps are kept (None without `replay.tap_cache`)."""
+    rp = cfg.replay
+    root = Path(os.path.expanduser(str(rp.tap_cache_dir))) if rp.tap_cache else None
+    return _tap_file(root, refs.hash, taps, key, turn) if root is not None else None
+
+
 def run_replay(cfg, out_dir) -> dict:
     """`task=replay`: replay `cfg.drafter` on the target's references of `cfg.benchmark`; returns the summary.
-    Everything is validated and the references exist before the run directory is claimed (eval/store.py)."""
+    Everything is validated and the references exist before the run directory is claimed (eval/store.py).
+    With `replay.fusion_grid` set, every alpha/beta pair of the grid in one pass (eval/fusion_grid.py)."""
     from .evaluator import decode_config, summarize
 
     out_dir = Path(out_dir)
     rp = replay_settings(cfg)
+    if rp.get("fusion_grid") is not None and (rp.fusion_grid.alpha is not None or rp.fusion_grid.beta is not None):
+        from .fusion_grid import run_grid
+
+        return run_grid(cfg, out_dir)
     ev = cfg.eval
     device = resolve_device(cfg.device)
     shard = shards.parse(ev.get("shard"))
@@ -247,14 +271,8 @@ def run_replay(cfg, out_dir) -> dict:
     refs = build_references(cfg, target, samples, dc)
     if rp.references_only:
         return {}
-    settings = {
-        "mode": "replay", "references": refs.hash,
-        "target": {k: v for k, v in OmegaConf.to_container(cfg.target, resolve=True).items() if k != "cache_dir"},
-        "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
-        "max_new_tokens": ev.max_new_tokens, "near_tie": rp.near_tie, "batched": rp.batched, "save_text": ev.save_text,
-    }
+    settings = run_settings(cfg, refs)
     taps = drafter.tap_layers if drafter is not None else ()
-    tap_root = Path(os.path.expanduser(str(rp.tap_cache_dir))) if rp.tap_cache else None
     with ResultStore(out_dir, settings, samples, shards.entry(selected, shard)) as store:
         write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         write_json(out_dir / "run_info.json", {**run_info(device), "target_source": target.source,
@@ -266,8 +284,7 @@ def run_replay(cfg, out_dir) -> dict:
         for sample in bar:
             ref, recs = refs.get(sample), []
             for turn, prompt, tokens in turns_with_prompts(target, sample, ref):
-                path = _tap_file(tap_root, refs.hash, taps, ref["key"], turn) if tap_root is not None else None
-                tf = cached_teacher_forced(target, prompt, tokens, taps, path)
+                tf = cached_teacher_forced(target, prompt, tokens, taps, tap_file(cfg, refs, taps, ref["key"], turn))
                 gen, ties = replay_turn(drafter, prompt, tokens, tf, dc, rp.near_tie, rp.batched)
                 recs.append(replay_record(sample, turn, gen, ties, tf, target.decode(tokens), ev.save_text,
                                           round_metrics))

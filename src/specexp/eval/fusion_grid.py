@@ -1,0 +1,146 @@
+"""`task=replay replay.fusion_grid.alpha=[...] replay.fusion_grid.beta=[...]`: DeLS-Spec's alpha/beta grid
+(the paper's Figure 2) in one pass over the references.
+
+Greedy replay of a sequential drafter (DeLS-Spec's local heads) at weights (alpha, beta) needs, at every anchor
+of a reference, how many leading drafts equal it. While they do, the head's loop state is the state after the
+reference's own tokens, whatever the weights (drafters/sequential.py, `matches_all`), so one teacher-forced
+pass of backbone and head per turn serves every cell: only the fusion `long + alpha W z - beta log_prior` and its
+argmax run per cell. Each cell's rounds are then walked exactly as task=replay walks them (`replay_turn`).
+
+Writes one run directory per cell, `<run dir>/a<alpha>_b<beta>/`, each holding what `task=replay
+fusion.alpha=<alpha> fusion.beta=<beta>` writes there (the same run.json settings, config.yaml with those weights,
+samples.jsonl, summary.json / .md): a cell resumes like any replay run, compares with any other (task=compare),
+and experiments/dels_alpha_beta.py reads the directory as it reads a Hydra multirun. Plus `grid.md`, macro τ
+(τ includes the bonus token) over the grid. tests/eval/test_fusion_grid.py checks cells against task=replay.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from tqdm.auto import tqdm
+
+from .. import benchmarks, registry
+from ..drafters.dels import DeLSDrafter
+from ..errors import check
+from ..targets import resolve_device
+from ..tracking import write_json, write_text_atomic
+from ..report.tables import summary_markdown
+from . import shards
+from .references import turns_with_prompts
+from .replay import (_budget, build_references, cached_teacher_forced, replay_record, replay_turn, run_settings,
+                     tap_file)
+from .store import ResultStore
+
+
+def cell_name(alpha: float, beta: float) -> str:
+    return f"a{alpha:g}_b{beta:g}"
+
+
+def grid_cells(grid) -> list[tuple[float, float]]:
+    """The (alpha, beta) pairs of `replay.fusion_grid`, alpha-major; both lists must be given, without repeats."""
+    check(grid.alpha is not None and grid.beta is not None,
+          f"replay.fusion_grid needs both lists (alpha={grid.alpha}, beta={grid.beta}), e.g. "
+          f"replay.fusion_grid.alpha='[0,0.3]' replay.fusion_grid.beta='[0,0.3]'")
+    alphas, betas = list(grid.alpha), list(grid.beta)
+    for name, vals in (("alpha", alphas), ("beta", betas)):
+        check(all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vals),
+              f"replay.fusion_grid.{name}={vals} must be a list of finite numbers")
+        check(len(set(vals)) == len(vals), f"replay.fusion_grid.{name}={vals} repeats a value")
+    alphas, betas = [float(a) for a in alphas], [float(b) for b in betas]
+    return [(a, b) for a in alphas for b in betas]
+
+
+@torch.inference_mode()
+def grid_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc, near_tie: float,
+              cells: list[tuple[float, float]]) -> list[tuple]:
+    """One turn replayed at every cell: [(generation, near-tie rounds)] in the order of `cells`."""
+    k_max, anchors = drafter.max_drafts, len(ref) - 1
+    ks = [_budget(j, k_max, dc) for j in range(anchors)]
+    if anchors > 0:
+        m = drafter.matches_all(tf["taps"], torch.tensor(prompt + ref), len(prompt) + torch.arange(anchors),
+                                torch.tensor(ks), cells).tolist()                               # [C][L-1]
+    else:
+        m = [[] for _ in cells]
+    out = []
+    for row in m:      # the drafts that give these matches: the reference's next n tokens, then none (-1)
+        known = [ref[j + 1: j + 1 + n] + [-1] * (k_max - n) for j, n in enumerate(row)]
+        out.append(replay_turn(drafter, prompt, ref, tf, dc, near_tie, known=known))
+    return out
+
+
+def run_grid(cfg, out_dir: Path) -> dict:
+    """Every cell of `replay.fusion_grid` (module docstring); returns {cell name: summary}."""
+    from .evaluator import decode_config, summarize
+
+    rp, ev = cfg.replay, cfg.eval
+    cells = grid_cells(rp.fusion_grid)
+    device = resolve_device(cfg.device)
+    shard = shards.parse(ev.get("shard"))
+    selected = benchmarks.load(list(cfg.benchmark.names), ev.num_samples, ev.shuffle_seed, cfg.benchmark.source,
+                               cfg.benchmark.get("data_dir"), ev.split, ev.tune_samples)
+    samples = shards.select(selected, shard)
+    target = registry.build_target(cfg.target, device)
+    drafter = registry.build_drafter(cfg.drafter, target)
+    check(isinstance(drafter, DeLSDrafter),
+          f"replay.fusion_grid needs a drafter with fusion weights (dels_rnn, dels_markov); got drafter={cfg.drafter.name}")
+    round_metrics = registry.drafter_entry(cfg.drafter.name).metrics
+    dc = decode_config(cfg.decoding, ev, target)
+    refs = build_references(cfg, target, samples, dc)
+    if rp.references_only:
+        return {}
+    # Each cell is the run `task=replay fusion.alpha=a fusion.beta=b` would be: its config, its settings.
+    cfgs = [OmegaConf.merge(cfg, {"fusion": {"alpha": a, "beta": b}, "replay": {"fusion_grid": {"alpha": None,
+                                                                                               "beta": None}}})
+            for a, b in cells]
+    taps = drafter.tap_layers
+    with contextlib.ExitStack() as stack:
+        stores = [stack.enter_context(ResultStore(out_dir / cell_name(*c), run_settings(cc, refs), samples,
+                                                  shards.entry(selected, shard)))
+                  for c, cc in zip(cells, cfgs)]
+        for c, cc, store in zip(cells, cfgs, stores):
+            write_text_atomic(store.dir / "config.yaml", OmegaConf.to_yaml(cc, resolve=True))
+        done = set.intersection(*(s.done() for s in stores))
+        todo = [s for s in samples if (s.benchmark, s.id) not in done]
+        bar = tqdm(todo, desc=f"alpha/beta grid ({len(cells)} cells) of {cfg.drafter.name} on {target.name}",
+                   unit="sample", disable=not ev.progress, dynamic_ncols=True)
+        for sample in bar:
+            ref, per_cell = refs.get(sample), [[] for _ in cells]
+            for turn, prompt, tokens in turns_with_prompts(target, sample, ref):
+                tf = cached_teacher_forced(target, prompt, tokens, taps, tap_file(cfg, refs, taps, ref["key"], turn))
+                for recs, (gen, ties) in zip(per_cell, grid_turn(drafter, prompt, tokens, tf, dc, rp.near_tie, cells)):
+                    recs.append(replay_record(sample, turn, gen, ties, tf, target.decode(tokens), ev.save_text,
+                                              round_metrics))
+            for store, recs in zip(stores, per_cell):
+                if (sample.benchmark, sample.id) not in store.done():
+                    store.append(recs)
+        wanted = {(s.benchmark, s.id) for s in samples}
+        out = {}
+        for c, store in zip(cells, stores):
+            summary = summarize([r for r in store.records if (r["benchmark"], r["id"]) in wanted],
+                                list(cfg.benchmark.names), target, drafter, dc, round_metrics, mode="replay")
+            write_json(store.dir / "summary.json", summary)
+            write_text_atomic(store.dir / "summary.md", summary_markdown(summary))
+            out[cell_name(*c)] = summary
+    md = grid_markdown(cells, out, cfg.drafter.name)
+    write_text_atomic(out_dir / "grid.md", md)
+    print(md, flush=True)
+    return out
+
+
+def grid_markdown(cells, summaries: dict, drafter: str) -> str:
+    alphas = sorted({a for a, _ in cells})
+    betas = sorted({b for _, b in cells})
+    lines = [f"# {drafter}: macro τ by fusion weights (replay; τ includes the bonus token)", "",
+             "| α \\ β | " + " | ".join(f"{b:g}" for b in betas) + " |", "|---|" + "---:|" * len(betas)]
+    for a in alphas:
+        row = [summaries.get(cell_name(a, b)) for b in betas]
+        lines.append(f"| {a:g} | " + " | ".join("–" if s is None else f"{s['macro']['tau']:.3f}" for s in row) + " |")
+    best = max(summaries, key=lambda n: summaries[n]["macro"]["tau"])
+    ci = summaries[best]["macro"].get("tau_ci95")
+    lines += ["", f"best: {best}, macro τ {summaries[best]['macro']['tau']:.3f}"
+              + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")]
+    return "\n".join(lines) + "\n"
