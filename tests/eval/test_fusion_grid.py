@@ -97,3 +97,21 @@ def test_bad_grids_are_refused_in_one_line(cfg_factory, tmp_path, over, match):
         run_replay(cfg_factory("task=replay", *over, f"paths.cache={tmp_path / 'c'}"),
                    tmp_path / "run")
     assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+
+
+def test_pruned_grid_argmax_equals_the_full_argmax_ties_included():
+    """`_grid_hits` against `_fused(...).argmax` per cell on random rows, with values on a coarse lattice (many exact
+    ties, which go to the lowest token id), negative weights and the truth set to the winner of some cell."""
+    from specexp.drafters.sequential import _fused, _grid_hits
+
+    g = torch.Generator().manual_seed(0)
+    n, v = 40, 300
+    long = (torch.randn(n, v, generator=g) * 4).round() / 2                  # [n, V] lattice values: ties
+    wz = (torch.randn(n, v, generator=g) * 4).round() / 2
+    lp = -(torch.rand(v, generator=g) * 8).round() / 2
+    cells = [(0.0, 0.0), (0.5, 0.0), (0.0, 1.0), (1.0, 0.5), (-0.5, 0.25), (2.0, 2.0)]
+    full = torch.stack([_fused(long, wz, a, b, lp).argmax(-1) for a, b in cells])    # [C, n]
+    truth = full[torch.arange(n) % len(cells), torch.arange(n)]                       # each row: some cell's winner
+    truth[::7] = -2                                                                   # past the end: never a match
+    hits = _grid_hits(long, wz, lp, truth, cells)
+    assert torch.equal(hits, full == truth) and hits.any() and not hits.all()

@@ -83,6 +83,37 @@ def _fused(long: torch.Tensor, wz: torch.Tensor, alpha: float, beta: float, log_
     return fused
 
 
+def _grid_hits(long: torch.Tensor, wz: torch.Tensor, log_prior: torch.Tensor, truth: torch.Tensor,
+               cells: list[tuple[float, float]]) -> torch.Tensor:
+    """Whether `argmax(_fused(long, wz, alpha, beta))` equals `truth` `[n]` for every cell, `[C, n]`, without the
+    full argmax per cell: a token can only beat the truth somewhere in the grid if its upper bound over the grid's
+    weights (each term at its grid extreme) reaches the truth's lowest fused value there, so the exact fused values
+    (the same operations as `_fused`, elementwise) are compared over those candidates only. Ties go to the lowest
+    token id, as torch.argmax; the bound has a slack far above float rounding."""
+    a = torch.tensor([c[0] for c in cells], dtype=long.dtype, device=long.device)                  # [C]
+    b = torch.tensor([c[1] for c in cells], dtype=long.dtype, device=long.device)                  # [C]
+    t = truth.clamp(min=0)                                                                          # [n]
+    rows = torch.arange(len(t), device=long.device)
+
+    def fused(lg, z, p):            # `_fused` for every cell at once: [C, ...]; each term skipped at weight 0
+        f = lg.unsqueeze(0) - torch.where(b == 0, 0.0, b).view(-1, *[1] * lg.dim()) * p.unsqueeze(0)
+        f = torch.where((b == 0).view(-1, *[1] * lg.dim()), lg.unsqueeze(0), f)
+        return torch.where((a == 0).view(-1, *[1] * lg.dim()), f, f + a.view(-1, *[1] * lg.dim()) * z.unsqueeze(0))
+
+    at_truth = fused(long[rows, t], wz[rows, t], log_prior[t])                                      # [C, n]
+    bound = long + torch.maximum(a.max() * wz, a.min() * wz) + torch.maximum(-b.max() * log_prior,
+                                                                              -b.min() * log_prior)  # [n, V]
+    floor = at_truth.min(0).values - 1e-3 * (1 + at_truth.abs().max(0).values)                     # [n]
+    hits = torch.zeros((len(cells), len(t)), dtype=torch.bool, device=long.device)
+    for r in range(len(t)):
+        if truth[r] < 0:            # past the sequence's end: nothing to match
+            continue
+        cand = torch.nonzero(bound[r] >= floor[r])[:, 0]                                            # [m] ascending
+        best = cand[fused(long[r, cand], wz[r, cand], log_prior[cand]).argmax(-1)]                  # [C]
+        hits[:, r] = best == truth[r]
+    return hits
+
+
 class SequentialDrafter:
     name: str
     first_row = 1                     # backbone block row of draft 1 (0 for a shifted Domino backbone)
@@ -251,7 +282,7 @@ class SequentialDrafter:
                     prev = sequence_at(ids, s + i).clamp(min=0)     # row i-1's draft where the block still matches
                     state = self.begin(x, prev) if i == 1 else self.advance(state, prev)
                     wz = self.feature(x, state, i).float() @ w.T                            # [n, V]
-                    hit = torch.stack([_fused(long, wz, a, b, lp).argmax(-1) == truth for a, b in cells])  # [C, n]
+                    hit = _grid_hits(long, wz, lp, truth, cells)                            # [C, n]
                 alive &= hit & (k > i)
                 out[:, c0: c0 + len(s)] += alive
         return out
