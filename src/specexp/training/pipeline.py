@@ -27,7 +27,7 @@ import shutil
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -136,6 +136,7 @@ class TrainContext:
     data: object                  # the `data` group
     fusion: object                # the `fusion` group (DeLS learned weights start from it)
     stages: Path
+    subset: dict | None = None    # train.data_tokens: `seqs` is that nested subset ({data_tokens, seed}), else None
 
     @property
     def response_tokens(self) -> int:
@@ -147,7 +148,8 @@ class TrainContext:
         if data.features == "cache":
             dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[data.feature_dtype]
             meta = {"target": target_fingerprint(self.target_cfg, target), "layer_ids": list(layer_ids),
-                    "dtype": data.feature_dtype, "data_hash": self.data_hash}
+                    "dtype": data.feature_dtype, "data_hash": self.data_hash,
+                    **({"subset": self.subset} if self.subset else {})}     # a subset's cache holds only its own
             root = stage_dir(self.stages, "features", meta)
             if not (root / "index.json").exists():
                 wider = D.wider_cache(self.stages, meta, target.hidden_size)
@@ -322,13 +324,14 @@ def run_train(cfg, out_dir) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     ctx = context(cfg, where.device)                 # this rank's target on this rank's device
-    plan: TrainPlan = plan_fn(ctx)
-    tc, device = ctx.train, ctx.target.device
-    dataset, seqs, subset = plan.dataset, ctx.seqs, {}
-    if tc.get("data_tokens") is not None:            # one point of a data-scaling curve: a nested random subset
-        idx = D.token_subset(ctx.seqs, int(tc.data_tokens), tc.seed)
-        dataset, seqs = torch.utils.data.Subset(plan.dataset, idx), [ctx.seqs[i] for i in idx]
+    tc, device, subset, whole = ctx.train, ctx.target.device, {}, {}
+    if tc.get("data_tokens") is not None:            # one point of a data-scaling curve: a nested random subset, before
+        idx = D.token_subset(ctx.seqs, int(tc.data_tokens), tc.seed)     # the plan (features of the subset alone)
         subset = {"data_tokens": int(tc.data_tokens)}
+        whole = {"data_sequences": len(ctx.seqs), "data_response_tokens": ctx.response_tokens}
+        ctx = replace(ctx, seqs=[ctx.seqs[i] for i in idx], subset={**subset, "seed": int(tc.seed)})
+    plan: TrainPlan = plan_fn(ctx)
+    dataset, seqs = plan.dataset, ctx.seqs
     run_dir = stage_dir(ctx.stages, plan.kind, {**plan.payload, "data": ctx.data_hash, **subset})
     run_dir.mkdir(parents=True, exist_ok=True)
     artifact = run_dir / "artifact"
@@ -374,7 +377,7 @@ def run_train(cfg, out_dir) -> dict:
     card = {**result, "kind": plan.kind, "title": plan.title, "facts": plan.facts,
             "command": "python -m specexp " + " ".join(sys.argv[1:]), "data_hash": ctx.data_hash,
             "sequences": len(seqs), "response_tokens": sum(int(s.loss_mask.sum()) for s in seqs),
-            **({"data_sequences": len(ctx.seqs), "data_response_tokens": ctx.response_tokens} if subset else {}),
+            **whole,
             "target": ctx.target.name,
             "target_source": ctx.target.source, "train": OmegaConf.to_container(tc, resolve=True),
             "run_dir": str(run_dir), "checkpoint": str(final.resolve())}
