@@ -70,3 +70,19 @@ def test_fewer_layers_are_read_from_a_wider_cache(tiny_target, tmp_path):
         torch.testing.assert_close(ds[i]["taps"], taps[0])          # the requested layers, in the requested order
     assert D.wider_cache(tmp_path, {**meta, "layer_ids": [2]}, t.hidden_size) is None        # a layer not cached
     assert D.wider_cache(tmp_path, {**meta, "layer_ids": [0], "data_hash": "other"}, t.hidden_size) is None
+
+
+def test_a_scaling_point_caches_the_features_of_its_subset_alone(cfg_factory, tmp_path):
+    """task=train with train.data_tokens: the feature cache holds the subset's sequences (a curve's small points do
+    not pay for the whole data's target pass), the card counts both the subset and the whole data."""
+    from specexp.training.pipeline import run_train
+
+    cfg = cfg_factory("task=train", "drafter=dflash", "drafter.init=random", "train=smoke", "data=smoke",
+                      f"paths.cache={tmp_path / 'cache'}", "data.features=cache", "train.data_tokens=100",
+                      "train.max_steps=2")
+    card = run_train(cfg, tmp_path / "run")
+    assert card["sequences"] < card["data_sequences"] and card["response_tokens"] >= 100
+    index = [json.loads(p.read_text()) for p in (tmp_path / "cache").rglob("features-*/index.json")]
+    metas = [json.loads(p.read_text()) for p in (tmp_path / "cache").rglob("features-*/meta.json")]
+    assert len(index) == 1 and len(index[0]) == card["sequences"]
+    assert metas[0]["subset"] == {"data_tokens": 100, "seed": 0}
