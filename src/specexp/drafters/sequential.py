@@ -86,10 +86,11 @@ def _fused(long: torch.Tensor, wz: torch.Tensor, alpha: float, beta: float, log_
 def _grid_hits(long: torch.Tensor, wz: torch.Tensor, log_prior: torch.Tensor, truth: torch.Tensor,
                cells: list[tuple[float, float]]) -> torch.Tensor:
     """Whether `argmax(_fused(long, wz, alpha, beta))` equals `truth` `[n]` for every cell, `[C, n]`, without the
-    full argmax per cell: a token can only beat the truth somewhere in the grid if its upper bound over the grid's
-    weights (each term at its grid extreme) reaches the truth's lowest fused value there, so the exact fused values
-    (the same operations as `_fused`, elementwise) are compared over those candidates only. Ties go to the lowest
-    token id, as torch.argmax; the bound has a slack far above float rounding."""
+    full argmax per cell. Token v beats the truth t at (alpha, beta) when the linear function
+    (long_v - long_t) + alpha (wz_v - wz_t) - beta (lp_v - lp_t) is >= 0; over the grid's rectangle of weights it
+    is largest at a corner, so only the tokens whose largest corner value reaches -slack (a margin far above float
+    rounding) can win anywhere, and the exact fused values (the same operations as `_fused`, elementwise) are
+    compared over those candidates only. Ties go to the lowest token id, as torch.argmax."""
     a = torch.tensor([c[0] for c in cells], dtype=long.dtype, device=long.device)                  # [C]
     b = torch.tensor([c[1] for c in cells], dtype=long.dtype, device=long.device)                  # [C]
     t = truth.clamp(min=0)                                                                          # [n]
@@ -101,14 +102,19 @@ def _grid_hits(long: torch.Tensor, wz: torch.Tensor, log_prior: torch.Tensor, tr
         return torch.where((a == 0).view(-1, *[1] * lg.dim()), f, f + a.view(-1, *[1] * lg.dim()) * z.unsqueeze(0))
 
     at_truth = fused(long[rows, t], wz[rows, t], log_prior[t])                                      # [C, n]
-    bound = long + torch.maximum(a.max() * wz, a.min() * wz) + torch.maximum(-b.max() * log_prior,
-                                                                              -b.min() * log_prior)  # [n, V]
-    floor = at_truth.min(0).values - 1e-3 * (1 + at_truth.abs().max(0).values)                     # [n]
+    slack = 1e-3 * (1 + at_truth.abs().max(0).values)                                               # [n]
+    dl, dz = long - long[rows, t, None], wz - wz[rows, t, None]                                     # [n, V]
+    dp = log_prior[None, :] - log_prior[t, None]                                                    # [n, V]
+    reach = None
+    for ca in {float(a.min()), float(a.max())}:
+        for cb in {float(b.min()), float(b.max())}:
+            corner = dl + ca * dz - cb * dp                                                         # [n, V]
+            reach = corner if reach is None else torch.maximum(reach, corner)
     hits = torch.zeros((len(cells), len(t)), dtype=torch.bool, device=long.device)
     for r in range(len(t)):
         if truth[r] < 0:            # past the sequence's end: nothing to match
             continue
-        cand = torch.nonzero(bound[r] >= floor[r])[:, 0]                                            # [m] ascending
+        cand = torch.nonzero(reach[r] >= -slack[r])[:, 0]                                           # [m] ascending
         best = cand[fused(long[r, cand], wz[r, cand], log_prior[cand]).argmax(-1)]                  # [C]
         hits[:, r] = best == truth[r]
     return hits
