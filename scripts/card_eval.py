@@ -6,8 +6,8 @@ backbone a head is evaluated beside has changed (the head's weights and training
 
 card.json's `eval` becomes the run's per-benchmark τ and speedup (what task=train with train.eval_after=true
 records), plus `eval_run`: the run directory, the backbone and head it read, the git commit and the device;
-README.md's measured section (from the line starting "Measured" to the end) is rewritten from it. tests/test_golden.py checks that the
-committed checkpoints still reach the τ their cards give.
+README.md's measured section (from the line starting "Measured" to the end) is rewritten from it.
+tests/test_golden.py checks that the committed checkpoints still reach the τ their cards give.
 """
 import argparse
 import json
@@ -52,8 +52,9 @@ def main(argv=None) -> None:
     beside = f" with fusion alpha={e['alpha']}, beta={e['beta']} beside the backbone `{backbone}`" if "alpha" in e \
         else ""
     note = f"; {args.note}" if args.note else ""
+    prompts = next(iter(s["benchmarks"].values()))["num_samples"]
     lines = [f"Measured{beside} ({e['decoding']}, {e['max_new_tokens']} new tokens, "
-             f"{next(iter(s['benchmarks'].values()))['num_samples']} prompts per benchmark; τ includes the bonus token; "
+             f"{prompts} prompts per benchmark; τ includes the bonus token; "
              f"speedups are wall-time ratios against AR on {card['eval_run']['device']['type']}{note}):", "",
              "| benchmark | τ | speedup |", "|---|---:|---:|"]
     for name, b in e["benchmarks"].items():

@@ -26,13 +26,12 @@ from tqdm.auto import tqdm
 from .. import benchmarks, registry
 from ..drafters.dels import DeLSDrafter
 from ..errors import check
+from ..report.tables import summary_markdown
 from ..targets import resolve_device
 from ..tracking import write_json, write_text_atomic
-from ..report.tables import summary_markdown
 from . import shards
 from .references import turns_with_prompts
-from .replay import (_budget, build_references, cached_teacher_forced, replay_record, replay_turn, run_settings,
-                     tap_file)
+from .replay import _budget, build_references, cached_teacher_forced, replay_record, replay_turn, run_settings, tap_file
 from .store import ResultStore
 
 
@@ -86,7 +85,8 @@ def run_grid(cfg, out_dir: Path) -> dict:
     target = registry.build_target(cfg.target, device)
     drafter = registry.build_drafter(cfg.drafter, target)
     check(isinstance(drafter, DeLSDrafter),
-          f"replay.fusion_grid needs a drafter with fusion weights (dels_rnn, dels_markov); got drafter={cfg.drafter.name}")
+          f"replay.fusion_grid needs a drafter with fusion weights (dels_rnn, dels_markov); "
+          f"got drafter={cfg.drafter.name}")
     round_metrics = registry.drafter_entry(cfg.drafter.name).metrics
     dc = decode_config(cfg.decoding, ev, target)
     refs = build_references(cfg, target, samples, dc)
