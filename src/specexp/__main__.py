@@ -26,15 +26,19 @@ def run_task(cfg: DictConfig, out_dir: str):
     from .errors import one_of
     from .eval.compare import run_compare
     from .eval.evaluator import run_eval
+    from .eval.fusion_grid import run_grid
     from .eval.merge import run_merge
-    from .eval.replay import run_replay
+    from .eval.replay import grid_requested, run_replay
     from .report.dashboard import run_dashboard
     from .report.page import run_report
     from .training.local_heads import run_prior
     from .training.pipeline import run_regenerate, run_train
 
+    def replay(cfg, out):                        # τ without decoding, on cached greedy references; with
+        return (run_grid if grid_requested(cfg) else run_replay)(cfg, out)   # replay.fusion_grid: the α/β grid
+
     tasks = {"eval": run_eval, "train": run_train, "regenerate": run_regenerate, "prior": run_prior}
-    tasks["replay"] = run_replay                 # τ without decoding, on cached greedy references
+    tasks["replay"] = replay
     tasks["compare"] = run_compare               # paired comparison of two result directories
     tasks["merge"] = run_merge                   # the shards of one run (eval.shard=I/N) -> the unsharded run's files
     tasks["report"] = run_report                 # a static HTML page over kept result directories

