@@ -424,7 +424,8 @@ def main(argv=None) -> None:
     taus = tau_table(x)
     if taus:
         lines += ["## τ of the runs (eval split, family = unweighted mean of its benchmarks)", "", *taus, ""]
-    lines += ["## Online CPU speedup (one run per drafter)", "", *speed_table(x), ""]
+    lines += ["## Online CPU speedup (one run per drafter; the load each was timed under: mini_claims/README.md)", "",
+              *speed_table(x), ""]
     text = "\n".join(lines)
     args.out.write_text(text)
     print(text)
