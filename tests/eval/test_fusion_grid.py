@@ -104,18 +104,20 @@ def test_bad_grids_are_refused_in_one_line(cfg_factory, tmp_path, over, match):
 
 
 def test_pruned_grid_argmax_equals_the_full_argmax_ties_included():
-    """`_grid_hits` against `_fused(...).argmax` per cell on random rows, with values on a coarse lattice (many exact
-    ties, which go to the lowest token id), negative weights and the truth set to the winner of some cell."""
-    from specexp.drafters.sequential import _fused, _grid_hits
+    """`_grid_hits` against `fused_logits(...).argmax` (kernels/fusion.py, the formula) per cell on random rows with
+    values on a coarse lattice (W z exact in floats; many exact ties, which go to the lowest token id), negative
+    weights, and the truth set to the winner of some cell."""
+    from specexp.drafters.sequential import _grid_hits
+    from specexp.kernels.fusion import fused_logits
 
     g = torch.Generator().manual_seed(0)
-    n, v = 40, 300
-    long = (torch.randn(n, v, generator=g) * 4).round() / 2                  # [n, V] lattice values: ties
-    wz = (torch.randn(n, v, generator=g) * 4).round() / 2
-    lp = -(torch.rand(v, generator=g) * 8).round() / 2
+    n, v, r = 40, 300, 4
+    lattice = lambda *shape: (torch.randn(*shape, generator=g) * 2).round() / 2         # noqa: E731
+    long, z, w = lattice(n, v) * 2, lattice(n, r), lattice(v, r)                         # [n, V], [n, r], [V, r]
+    lp = -(torch.rand(v, generator=g) * 8).round() / 2                                   # [V]
     cells = [(0.0, 0.0), (0.5, 0.0), (0.0, 1.0), (1.0, 0.5), (-0.5, 0.25), (2.0, 2.0)]
-    full = torch.stack([_fused(long, wz, a, b, lp).argmax(-1) for a, b in cells])    # [C, n]
-    truth = full[torch.arange(n) % len(cells), torch.arange(n)]                       # each row: some cell's winner
-    truth[::7] = -2                                                                   # past the end: never a match
-    hits = _grid_hits(long, wz, lp, truth, cells)
+    full = torch.stack([fused_logits(long, z, w, a, b, lp).argmax(-1) for a, b in cells])     # [C, n]
+    truth = full[torch.arange(n) % len(cells), torch.arange(n)]                           # each row: some cell's winner
+    truth[::7] = -2                                                                       # past the end: never a match
+    hits = _grid_hits(long, z @ w.T, lp, truth, cells)
     assert torch.equal(hits, full == truth) and hits.any() and not hits.all()

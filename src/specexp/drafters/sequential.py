@@ -73,30 +73,21 @@ def head_init(cfg, target, what: str, train_cmd: str) -> str:
     return init
 
 
-def _fused(long: torch.Tensor, wz: torch.Tensor, alpha: float, beta: float, log_prior: torch.Tensor) -> torch.Tensor:
-    """`fused_logits` with `W z` given (`[a, V]`): the same terms in the same order, each skipped at weight 0."""
-    fused = long
-    if beta:
-        fused = fused - beta * log_prior
-    if alpha:
-        fused = fused + alpha * wz
-    return fused
-
-
 def _grid_hits(long: torch.Tensor, wz: torch.Tensor, log_prior: torch.Tensor, truth: torch.Tensor,
                cells: list[tuple[float, float]]) -> torch.Tensor:
-    """Whether `argmax(_fused(long, wz, alpha, beta))` equals `truth` `[n]` for every cell, `[C, n]`, without the
+    """Whether the greedy fused draft (`fused_logits` with `W z` given as `wz` `[n, V]`) equals `truth` `[n]` for
+    every cell, `[C, n]`, without the
     full argmax per cell. Token v beats the truth t at (alpha, beta) when the linear function
     (long_v - long_t) + alpha (wz_v - wz_t) - beta (lp_v - lp_t) is >= 0; over the grid's rectangle of weights it
     is largest at a corner, so only the tokens whose largest corner value reaches -slack (a margin far above float
-    rounding) can win anywhere, and the exact fused values (the same operations as `_fused`, elementwise) are
+    rounding) can win anywhere, and the exact fused values (fused_logits' terms in its order, elementwise) are
     compared over those candidates only. Ties go to the lowest token id, as torch.argmax."""
     a = torch.tensor([c[0] for c in cells], dtype=long.dtype, device=long.device)                  # [C]
     b = torch.tensor([c[1] for c in cells], dtype=long.dtype, device=long.device)                  # [C]
     t = truth.clamp(min=0)                                                                          # [n]
     rows = torch.arange(len(t), device=long.device)
 
-    def fused(lg, z, p):            # `_fused` for every cell at once: [C, ...]; each term skipped at weight 0
+    def fused(lg, z, p):            # fused_logits for every cell at once: [C, ...]; each term skipped at weight 0
         f = lg.unsqueeze(0) - torch.where(b == 0, 0.0, b).view(-1, *[1] * lg.dim()) * p.unsqueeze(0)
         f = torch.where((b == 0).view(-1, *[1] * lg.dim()), lg.unsqueeze(0), f)
         return torch.where((a == 0).view(-1, *[1] * lg.dim()), f, f + a.view(-1, *[1] * lg.dim()) * z.unsqueeze(0))
