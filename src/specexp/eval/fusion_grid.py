@@ -112,19 +112,19 @@ def run_grid(cfg, out_dir: Path) -> dict:
                   for c, cc in zip(cells, cfgs)]
         for c, cc, store in zip(cells, cfgs, stores):
             write_text_atomic(store.dir / "config.yaml", OmegaConf.to_yaml(cc, resolve=True))
-        done = set.intersection(*(s.done() for s in stores))
-        todo = [s for s in samples if (s.benchmark, s.id) not in done]
+        done_by = [s.done() for s in stores]                  # only this loop appends: computed once
+        todo = [s for s in samples if any((s.benchmark, s.id) not in d for d in done_by)]
         bar = tqdm(todo, desc=f"alpha/beta grid ({len(cells)} cells) of {cfg.drafter.name} on {target.name}",
                    unit="sample", disable=not ev.progress, dynamic_ncols=True)
         for sample in bar:
             ref, per_cell = refs.get(sample), [[] for _ in cells]
             for turn, prompt, tokens in turns_with_prompts(target, sample, ref):
                 tf = cached_teacher_forced(target, prompt, tokens, taps, tap_file(cfg, refs, taps, ref["key"], turn))
+                text = target.decode(tokens)                  # the reference's text: the same in every cell
                 for recs, (gen, ties) in zip(per_cell, grid_turn(drafter, prompt, tokens, tf, dc, rp.near_tie, cells)):
-                    recs.append(replay_record(sample, turn, gen, ties, tf, target.decode(tokens), ev.save_text,
-                                              round_metrics))
-            for store, recs in zip(stores, per_cell):
-                if (sample.benchmark, sample.id) not in store.done():
+                    recs.append(replay_record(sample, turn, gen, ties, tf, text, ev.save_text, round_metrics))
+            for store, done, recs in zip(stores, done_by, per_cell):
+                if (sample.benchmark, sample.id) not in done:
                     store.append(recs)
         wanted = {(s.benchmark, s.id) for s in samples}
         out = {}
