@@ -98,6 +98,55 @@ def table(points: list[dict]) -> str:
     return "\n".join(rows) + "\n"
 
 
+GOALS = (("gsm8k", 2.0), ("macro", 1.6))   # issue goals for the committed backbone (replay, 128 tokens)
+
+
+def crossing(points: list[dict], key: str, goal: float, draws: int = 2000, seed: int = 0) -> dict | None:
+    """Where a least-squares line tau = a + b log10(tokens) through the points crosses `goal`: the slope per
+    decade and the crossing size, with a 95% interval from refitting on draws of each point's tau from a normal
+    whose sd is its CI's width / 3.92 (a parametric bootstrap). An extrapolation of a fit, not a measurement; None
+    with fewer than 3 points."""
+    import numpy as np
+
+    def tau_ci(p):
+        if key == "macro":
+            m = p["summary"]["macro"]
+            return m["tau"], m.get("tau_ci95")
+        b = p["summary"]["benchmarks"][key]
+        return b["tau"], b.get("tau_ci95")
+
+    if len(points) < 3:
+        return None
+    x = np.log10([p["tokens"] for p in points])
+    y, sd = zip(*((t, (c[1] - c[0]) / 3.92 if c else 0.0) for t, c in map(tau_ci, points)))
+    y, sd = np.array(y), np.array(sd)
+    b, a = np.polyfit(x, y, 1)
+
+    def cross(a_, b_):
+        return float(10 ** ((goal - a_) / b_)) if b_ > 0 else float("inf")
+
+    rng = np.random.default_rng(seed)
+    sims = [cross(*np.polyfit(x, y + rng.normal(0.0, sd), 1)[::-1]) for _ in range(draws)]
+    lo, hi = np.percentile(sims, [2.5, 97.5])
+    return {"key": key, "goal": goal, "slope": float(b), "tokens": cross(a, b), "ci": (float(lo), float(hi)),
+            "reached": bool(y[-1] >= goal), "points": len(points)}
+
+
+def crossings_md(points: list[dict]) -> str:
+    rows = ["", "Where the goal would be reached (an extrapolation: a least-squares line of τ on log10(tokens) through "
+                "the points above; its 95% interval refits on draws of each point within its CI):", "",
+            "| series | goal | τ gain per 10× data | crosses at (response tokens) | 95% interval |",
+            "|---|---:|---:|---:|---:|"]
+    for key, goal in GOALS:
+        c = crossing(points, key, goal)
+        if c is None:
+            return ""
+        fmt = lambda t: "never (no gain)" if t == float("inf") else f"{t:,.3g}"  # noqa: E731
+        rows.append(f"| {key} | {goal} | {c['slope']:+.3f} | {fmt(c['tokens'])} | "
+                    f"[{fmt(c['ci'][0])}, {fmt(c['ci'][1])}] |")
+    return "\n".join(rows) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("points", nargs="*", type=Path, help="point directories (card.json + replay/)")
@@ -110,7 +159,7 @@ def main():
             return
     pts = sorted((point(d) for d in a.points), key=lambda p: p["tokens"])
     a.out.mkdir(parents=True, exist_ok=True)
-    md = table(pts)
+    md = table(pts) + crossings_md(pts)
     (a.out / "scaling.md").write_text(md)
     series = {f: [(p["tokens"], *p["families"][f]) for p in pts] for f in pts[0]["families"]}
     series["macro"] = [(p["tokens"], p["summary"]["macro"]["tau"], p["summary"]["macro"].get("tau_ci95"))

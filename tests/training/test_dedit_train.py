@@ -40,7 +40,7 @@ def test_train_task_end_to_end(cfg_factory, tmp_path, monkeypatch):
                       "train.eval_after=true", "benchmark=gsm8k", "eval.num_samples=1", "eval.max_new_tokens=16",
                       f"train.export_dir={tmp_path / 'dedit'}")
     card = run_train(cfg, tmp_path / "run")
-    assert card["steps"] == 30 and card["kind"] == "dedit" and card["facts"]["edit"]["mix"] == "confidence_threshold"
+    assert card["steps"] == 30 and card["kind"] == "dedit" and card["facts"]["edit"]["mix"] == "confidence_sample"
     rows = list(csv.DictReader(open(next((tmp_path / "cache").rglob("metrics.csv")))))
     mean = lambda key, rs: sum(float(r[key]) for r in rs) / len(rs)  # noqa: E731
     assert mean("train/loss0", rows[-5:]) < mean("train/loss0", rows[:5]) - 0.5        # the unmasking objective

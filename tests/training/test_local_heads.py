@@ -139,3 +139,29 @@ def test_learned_fusion_weights_train_and_load(cfg_factory, tiny_target, tmp_pat
     ids = t.encode_chat([{"role": "user", "content": "Name three rivers."}])
     assert generate(t, drafter, ids, DecodeConfig(max_new_tokens=20)).tokens == generate(
         t, None, ids, DecodeConfig(max_new_tokens=20)).tokens
+
+
+@pytest.mark.slow
+def test_head_training_loads_a_lean_target_and_trains_the_same_head(cfg_factory, tmp_path, monkeypatch):
+    """task=train drafter=dels_rnn reads tokens alone: its target has no decoder layer, and the head equals the
+    one trained beside the whole target (same data, seed and steps)."""
+    from safetensors.torch import load_file
+
+    from specexp import registry
+    from specexp.training import pipeline
+
+    monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path / "cache"))
+    args = ["task=train", "drafter=dels_rnn", "train=smoke", "data=smoke", f"paths.cache={tmp_path / 'cache'}",
+            "drafter.head.train.num_anchors=8", "drafter.head.gru_hidden=64", "train.max_steps=3"]
+    built = []
+    real = registry.build_target
+    monkeypatch.setattr(pipeline.registry, "build_target",
+                        lambda c, d, lean=False: built.append(lean) or real(c, d, lean=lean))
+    card = run_train(cfg_factory(*args, f"train.export_dir={tmp_path / 'lean'}"), tmp_path / "run")
+    assert built == [True] and card["target_parts"] == "embedding and lm_head only"
+    monkeypatch.setattr(registry, "train_tokens_only", lambda d: False)      # the whole target, as before
+    card = run_train(cfg_factory(*args, "train.seed=0", f"train.export_dir={tmp_path / 'whole'}",
+                                 f"paths.cache={tmp_path / 'cache2'}"), tmp_path / "run2")
+    assert built == [True, False] and card["target_parts"] == "whole"
+    a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("lean", "whole"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

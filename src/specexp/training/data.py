@@ -158,6 +158,11 @@ def regenerate(target, convs: list[Conversation], out_file: Path, batch_size: in
         todo = [c for c in todo if len(prompts[c.id]) < max_length]
         convs = [c for c in convs if c.id in done or len(prompts[c.id]) < max_length]
     todo.sort(key=lambda c: len(prompts[c.id]))          # similar lengths per batch: less padding
+    if todo and getattr(target, "lean", False):           # a token-only run with answers missing: load the layers
+        check(target.whole is not None, f"target {target.name} was loaded without its decoder layers and "
+                                        f"{len(todo)} answers are missing: run task=regenerate first")
+        print(f"specexp: {len(todo)} answers to generate: loading the whole target", flush=True)
+        target = target.whole()
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.stop_token_ids[0]
     stops = list(target.stop_token_ids)
     bar = tqdm(total=len(convs), initial=len(convs) - len(todo), desc="regenerate", unit="seq", dynamic_ncols=True)

@@ -146,7 +146,7 @@ def head_plan(ctx) -> TrainPlan:
 def run_prior(cfg, out_dir) -> dict:
     """`task=prior`: the unigram prior of the data config's sequences, written to `task.out` (default: the
     run directory); point it at a head's directory to put the prior beside the head."""
-    ctx = context(cfg)
+    ctx = context(cfg, lean=True)                   # counts tokens: no decoder layer needed
     counts = count_assistant_tokens(ctx.seqs, ctx.target.vocab_size)
     dest = Path(cfg.task.out) if cfg.task.get("out") else Path(out_dir)
     path = dels.save_prior(counts, dest, cfg.task.smoothing, {"data_hash": ctx.data_hash, "sequences": len(ctx.seqs)})

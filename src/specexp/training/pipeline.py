@@ -308,10 +308,10 @@ def _link(run_dir: Path, final: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- the tasks
-def context(cfg, device: torch.device | None = None) -> TrainContext:
-    """The edge of training: build the target (on `device`, default the `device` key) and the sequences from the
-    root config, once."""
-    target = registry.build_target(cfg.target, device or resolve_device(cfg.device))
+def context(cfg, device: torch.device | None = None, lean: bool = False) -> TrainContext:
+    """The edge of training: build the target (on `device`, default the `device` key; `lean`: without its decoder
+    layers, for training that reads tokens alone) and the sequences from the root config, once."""
+    target = registry.build_target(cfg.target, device or resolve_device(cfg.device), lean=lean)
     stages = cache_root(cfg.paths.cache) / "stages"
     seqs, data_hash = prepare_sequences(cfg.data, cfg.target, target, stages)
     return TrainContext(target, cfg.target, seqs, data_hash, cfg.drafter, cfg.train, cfg.data, cfg.fusion, stages)
@@ -323,7 +323,8 @@ def run_train(cfg, out_dir) -> dict:
     where = placement(cfg.device, cfg.train)         # before anything is built: a run that cannot be placed is one line
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    ctx = context(cfg, where.device)                 # this rank's target on this rank's device
+    lean = registry.train_tokens_only(cfg.drafter)   # the DeLS heads: the vocabulary matrices, no decoder layer
+    ctx = context(cfg, where.device, lean)           # this rank's target on this rank's device
     tc, device, subset, whole = ctx.train, ctx.target.device, {}, {}
     if tc.get("data_tokens") is not None:            # one point of a data-scaling curve: a nested random subset, before
         idx = D.token_subset(ctx.seqs, int(tc.data_tokens), tc.seed)     # the plan (features of the subset alone)
@@ -379,6 +380,7 @@ def run_train(cfg, out_dir) -> dict:
             "sequences": len(seqs), "response_tokens": sum(int(s.loss_mask.sum()) for s in seqs),
             **whole,
             "target": ctx.target.name,
+            "target_parts": "embedding and lm_head only" if lean else "whole",
             "target_source": ctx.target.source, "train": OmegaConf.to_container(tc, resolve=True),
             "run_dir": str(run_dir), "checkpoint": str(final.resolve())}
     if tc.eval_after and plan.eval_overrides is not None:
