@@ -1,8 +1,10 @@
 """experiments/ scripts turn result directories into tables and figures (here on hand-written summaries)."""
 import json
+import math
 import subprocess
 import sys
 
+import pytest
 import yaml
 from conftest import ROOT
 
@@ -220,6 +222,25 @@ def test_data_scaling_table_and_figure(tmp_path):
     assert rows[0].startswith("| 50,000 | 250 | 2 | 500 |")            # sorted by tokens
     assert "| 2.500 [2.000, 3.000] | 2.000 [2.000, 2.000] | 1.500 [1.000, 2.000] | **2.000**" in rows[1]
     assert (tmp_path / "scaling.png").stat().st_size > 10_000
+
+
+def test_data_scaling_crossing_of_a_log_linear_curve():
+    """On exact points tau = 1 + 0.5 log10(tokens / 1e4) the goal 2.0 is crossed at 1e6 tokens, with a point
+    interval (zero-width CIs); a curve without gain never crosses."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("data_scaling", ROOT / "experiments" / "data_scaling.py")
+    ds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ds)
+    pts = [{"tokens": t, "summary": {"macro": {"tau": 1 + 0.5 * math.log10(t / 1e4), "tau_ci95": None}}}
+           for t in (2e4, 5e4, 1e5)]
+    c = ds.crossing(pts, "macro", 2.0)
+    assert c["slope"] == pytest.approx(0.5) and c["tokens"] == pytest.approx(1e6, rel=1e-6)
+    assert c["ci"] == pytest.approx((1e6, 1e6), rel=1e-6) and not c["reached"]
+    flat = [{"tokens": t, "summary": {"macro": {"tau": 1.2, "tau_ci95": None}}} for t in (2e4, 5e4, 1e5)]
+    assert ds.crossing(flat, "macro", 2.0)["tokens"] == float("inf")
+    assert "| macro | 1.6 | the last 2 points |" in ds.crossings_md(
+        [{**p, "summary": {**p["summary"], "benchmarks": {"gsm8k": p["summary"]["macro"]}}} for p in pts])
 
 
 def _claims_run(d, taus: dict[str, list[int]], extra: dict | None = None):
