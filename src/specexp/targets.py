@@ -358,12 +358,10 @@ def _from_pretrained(path_or_id: str, cfg, device: torch.device, lean: bool = Fa
         tok = AutoTokenizer.from_pretrained(path_or_id, trust_remote_code=False, **kw)
     except (ValueError, KeyError, TypeError) as e:        # OSError (absent files) is the callers' to phrase
         raise UserError(f"{where}: cannot load the tokenizer ({_first_line(e)})") from None
-    saved, extra = {}, {}
-    if lean:
+    saved, extra, verbosity = {}, {}, transformers.logging.get_verbosity()
+    if lean:                                   # the skipped layers' tensors are listed as unexpected keys: expected
         config = AutoConfig.from_pretrained(path_or_id, trust_remote_code=False, **kw)
         extra["config"], saved = lean_config(config)
-    verbosity = transformers.logging.get_verbosity()
-    if lean:                                   # the skipped layers' tensors are listed as unexpected keys: expected
         transformers.logging.set_verbosity_error()
     try:
         model = AutoModelForCausalLM.from_pretrained(
