@@ -3,8 +3,7 @@ answers, per benchmark family (math / code / chat) and macro, with 95% bootstrap
 
 Each point is a directory holding the training card (`card.json`, as `task=train` writes it) and a replay run of
 that drafter on the fixed reference set (`replay/`: summary.json + samples.jsonl.gz). To rebuild the committed
-points (experiments/results/data_scaling/; about 3.5 h of training, busy, on one core
-of a CPU with AVX512-BF16):
+points (experiments/results/data_scaling/; about 3.5 h of training, busy, on one core of a CPU with AVX512-BF16):
 
     for n in 50000 100000 200000 null; do
       python -m specexp experiment=mini_dflash_scale train.data_tokens=$n hydra.run.dir=runs/scale/train-$n
@@ -18,8 +17,7 @@ of a CPU with AVX512-BF16):
 Writes `scaling.md` (per point: training tokens, steps, τ per benchmark, per family and macro with CIs; where
 log-linear fits cross the goals GSM8K 2.0 / macro 1.6) and `scaling.png`. Family τ is the unweighted mean of its
 benchmarks' τ, its CI from the same bootstrap as the macro (`specexp.eval.metrics.tau_ci95` on the family's
-benchmarks). τ includes the bonus token. Never imported by the
-library.
+benchmarks). τ includes the bonus token. Never imported by the library.
 """
 import argparse
 import gzip
@@ -132,8 +130,7 @@ def crossing(points: list[dict], key: str, goal: float, draws: int = 2000, seed:
     rng = np.random.default_rng(seed)
     sims = [cross(*np.polyfit(x, y + rng.normal(0.0, sd), 1)[::-1]) for _ in range(draws)]
     lo, hi = np.percentile(sims, [2.5, 97.5], method="nearest")     # no interpolation: sims may be inf
-    return {"key": key, "goal": goal, "slope": float(b), "tokens": cross(a, b), "ci": (float(lo), float(hi)),
-            "reached": bool(y[-1] >= goal), "points": len(points)}
+    return {"slope": float(b), "tokens": cross(a, b), "ci": (float(lo), float(hi)), "reached": bool(y[-1] >= goal)}
 
 
 def crossings_md(points: list[dict]) -> str:
