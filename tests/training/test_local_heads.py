@@ -95,9 +95,11 @@ def test_train_task_writes_head_and_prior_and_evaluates(cfg_factory, tmp_path, m
 
 
 @pytest.mark.slow
-def test_learned_fusion_weights_train_and_load(cfg_factory, tiny_target, tmp_path, monkeypatch):
-    """Per-position alpha/beta on frozen parts: the CE of the fused drafts drops, the weights move away from
-    their init, and fusion=learned reads them back into a lossless drafter."""
+@pytest.mark.parametrize("features", ["online", "cache"])
+def test_learned_fusion_weights_train_and_load(cfg_factory, tiny_target, tmp_path, monkeypatch, features):
+    """Per-position alpha/beta on frozen parts, target taps computed in each step or read from the feature
+    cache: the CE of the fused drafts drops, the weights move away from their init, and fusion=learned reads
+    them back into a lossless drafter."""
     from specexp import registry
     from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
     from specexp.training.local_heads import FusionWeightsLitModule
@@ -112,7 +114,7 @@ def test_learned_fusion_weights_train_and_load(cfg_factory, tiny_target, tmp_pat
     parts = ["drafter=dels_rnn", f"drafter.checkpoint={tmp_path / 'dflash'}", "drafter.init=checkpoint",
              f"drafter.head.checkpoint={tmp_path / 'head'}", "drafter.head.init=checkpoint"]
     cfg = cfg_factory("task=train", *parts, "drafter.head.train.part=fusion_weights", "train=smoke", "data=smoke",
-                      f"paths.cache={tmp_path / 'cache'}", "drafter.head.train.epochs=5", "train.lr=0.05",
+                      f"data.features={features}", f"paths.cache={tmp_path / 'cache'}", "drafter.head.train.epochs=5", "train.lr=0.05",
                       "drafter.head.train.num_anchors=8", f"train.export_dir={tmp_path / 'head'}")
     card = run_train(cfg, tmp_path / "run")
     w = json.loads((tmp_path / "head" / "fusion_weights.json").read_text())

@@ -167,7 +167,8 @@ class FusionWeightsLitModule(L.LightningModule):
     local head and prior (the paper's learned-weights variant; the runtime's `position_gates`). Blocks and
     labels as DFlash training (training/anchors.py); the head is teacher forced from a zero state on the
     ground-truth drafts x_{a+1}, ..., as at inference it starts on draft 1. Loss: the fused logits' CE with
-    weights exp(-(k-1)/gamma), normalised by the weight sum. Target taps are computed online."""
+    weights exp(-(k-1)/gamma), normalised by the weight sum. Target taps come from the feature cache
+    (`data.features=cache`, as the backbone's and Domino's training) or are computed in each step."""
 
     def __init__(self, backbone, head, log_prior, target, *, num_anchors: int, gamma: float, alpha, beta,
                  lr: float, warmup_ratio: float, seed: int):
@@ -212,9 +213,12 @@ class FusionWeightsLitModule(L.LightningModule):
     def training_step(self, batch, batch_idx):
         t = self._frozen[3]
         ids, lm = batch["ids"].to(self.device), batch["loss_mask"].to(self.device)
-        with torch.no_grad():
-            _, taps = t.forward(ids[None], 0, t.new_cache(), taps=self._frozen[0].config.target_layer_ids)
-        loss = self.fused_loss(ids, lm, taps[0].clone(), self.global_step)
+        taps = batch.get("taps")
+        if taps is None:
+            with torch.no_grad():
+                _, taps = t.forward(ids[None], 0, t.new_cache(), taps=self._frozen[0].config.target_layer_ids)
+            taps = taps[0]
+        loss = self.fused_loss(ids, lm, taps.to(self.device).clone(), self.global_step)
         if loss is None:
             return no_loss(self)
         self.log("train/loss", loss, prog_bar=True, batch_size=1)
@@ -237,9 +241,9 @@ def fusion_weights_plan(ctx) -> TrainPlan:
     bpath, hpath = resolve_checkpoint(str(d.checkpoint), d.get("revision")), resolve_checkpoint(str(d.head.checkpoint))
     fu = OmegaConf.to_container(ctx.fusion, resolve=True)
     ht = d.head.train
+    backbone = DFlashDraftModel.from_pretrained(bpath, dtype=target.dtype, device=target.device)
 
     def module():
-        backbone = DFlashDraftModel.from_pretrained(bpath, dtype=target.dtype, device=target.device)
         head = dels.load_head(hpath, f"drafter.head.checkpoint={str(d.head.checkpoint)!r}").to(target.device,
                                                                                                target.dtype)
         lp = dels.load_prior(hpath, target.vocab_size, d.prior.smoothing, str(hpath))
@@ -255,9 +259,10 @@ def fusion_weights_plan(ctx) -> TrainPlan:
         write_json(out / FUSION_WEIGHTS_FILE, weights)
 
     return TrainPlan(
-        kind="fusion", title="DeLS-Spec learned fusion weights", dataset=ctx.token_dataset(), module=module,
-        save=save, epochs=ht.epochs, card=False,
+        kind="fusion", title="DeLS-Spec learned fusion weights",
+        dataset=ctx.dataset(list(backbone.config.target_layer_ids)), module=module, save=save, epochs=ht.epochs,
+        card=False,
         payload={"backbone": str(bpath), "head": str(hpath), "init": [fu["alpha"], fu["beta"]],
                  "anchors": ht.num_anchors, "gamma": ht.gamma, "epochs": ht.epochs, "lr": tc.lr, "seed": tc.seed,
-                 "max_steps": tc.max_steps},
+                 "max_steps": tc.max_steps, "features": ctx.data.features},
         facts={"init": {"alpha": fu["alpha"], "beta": fu["beta"]}})
