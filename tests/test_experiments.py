@@ -268,6 +268,10 @@ def test_mini_claims_verdicts_follow_the_paired_cis(tmp_path):
         cell = tmp_path / "grid" / f"a{a}_b{b}"
         _claims_run(cell, taus)
         (cell / "config.yaml").write_text(yaml.safe_dump({"fusion": {"alpha": a, "beta": b}}))
+    (tmp_path / "cards").mkdir()
+    for name, secs, anchors in (("dels_rnn", 100.0, 256), ("domino_ft", 300.0, 64)):   # 3x the time, 1/4 the blocks
+        (tmp_path / "cards" / f"{name}.json").write_text(json.dumps(
+            {"train_seconds": secs, "sequences": 10, "facts": {"recipe": {"epochs": 1, "num_anchors": anchors}}}))
     out = tmp_path / "claims.md"
     subprocess.run([sys.executable, str(ROOT / "experiments" / "mini_claims.py"), "--root", str(tmp_path),
                     "--out", str(out), "--previous", str(tmp_path / "none")], capture_output=True, text=True,
@@ -279,3 +283,5 @@ def test_mini_claims_verdicts_follow_the_paired_cis(tmp_path):
     assert "best on tune: α = 0.5, β = 0" in rows["the best fusion weights are α ≈ β ≈ 0.3"]
     assert "input missing: `eval/domino_ft`" in rows["DeLS-Spec recovers ≥ 75 % of Domino-FT's gain over DFlash"]
     assert rows["DEdit has the highest τ"].endswith("| not measured |")
+    cheaper = rows["the local head is ≥ 10× cheaper to train than Domino-FT"]
+    assert "= 12.0×" in cheaper and cheaper.endswith("| reproduced |")      # per anchored block, not 3× raw

@@ -114,7 +114,8 @@ def test_learned_fusion_weights_train_and_load(cfg_factory, tiny_target, tmp_pat
     parts = ["drafter=dels_rnn", f"drafter.checkpoint={tmp_path / 'dflash'}", "drafter.init=checkpoint",
              f"drafter.head.checkpoint={tmp_path / 'head'}", "drafter.head.init=checkpoint"]
     cfg = cfg_factory("task=train", *parts, "drafter.head.train.part=fusion_weights", "train=smoke", "data=smoke",
-                      f"data.features={features}", f"paths.cache={tmp_path / 'cache'}", "drafter.head.train.epochs=5", "train.lr=0.05",
+                      f"data.features={features}", f"paths.cache={tmp_path / 'cache'}", "drafter.head.train.epochs=5",
+                      "train.lr=0.05",
                       "drafter.head.train.num_anchors=8", f"train.export_dir={tmp_path / 'head'}")
     card = run_train(cfg, tmp_path / "run")
     w = json.loads((tmp_path / "head" / "fusion_weights.json").read_text())
