@@ -79,8 +79,18 @@ DFLASH_CHECKPOINTS = {
 }
 
 
+DELS_RELEASE = "dt3t/DeLS-Spec-Weights"         # the DeLS-Spec authors' heads + priors, one subfolder per target
+
+
 def _with(table: dict, target: str, **keys) -> dict:
     return {**table, target: {**table.get(target, {}), **keys}}
+
+
+# dels_rnn on Qwen3: the authors' released heads and priors (dels.load_release), unpinned: no revision of
+# dt3t/DeLS-Spec-Weights could be read from this project's machines (no hub access); pin with head.revision=COMMIT
+DELS_RNN_CHECKPOINTS = {t: {**DFLASH_CHECKPOINTS[t], "head.checkpoint": head} for t, head in (
+    ("smollm2_135m", f"{MINI}-dels-rnn"), ("qwen3_4b", f"{DELS_RELEASE}/qwen3-4b"),
+    ("qwen3_8b", f"{DELS_RELEASE}/qwen3-8b"))}
 
 
 def _head_part(d) -> bool:
@@ -92,8 +102,7 @@ for _e in (
     DrafterEntry("none", None, summary="no drafter: the autoregressive baseline (τ = 1)"),
     DrafterEntry("dflash", dflash.build, train="specexp.training.dflash_module:plan", checkpoints=DFLASH_CHECKPOINTS,
                  summary="DFlash: a block [anchor, MASK×(B−1)] filled in one bidirectional pass"),
-    DrafterEntry("dels_rnn", dels.build, train="specexp.training.local_heads:plan",
-                 checkpoints=_with(DFLASH_CHECKPOINTS, "smollm2_135m", **{"head.checkpoint": f"{MINI}-dels-rnn"}),
+    DrafterEntry("dels_rnn", dels.build, train="specexp.training.local_heads:plan", checkpoints=DELS_RNN_CHECKPOINTS,
                  summary="DeLS-Spec: DFlash + GRU local head + unigram prior, fused per position",
                  tokens_only=_head_part),
     DrafterEntry("dels_markov", dels.build, train="specexp.training.local_heads:plan",

@@ -1,6 +1,9 @@
 """DeLS-Spec drafters: lossless under greedy decoding, protocol B keeps the target distribution with fused
 drafts, the fusion loop equals the formula written out by hand (through torch.nn.GRU, not the merged
-inference path), alpha = beta = 0 gives DFlash's drafts, and bad fusion weights or heads are one-line errors."""
+inference path), alpha = beta = 0 gives DFlash's drafts, the authors' released heads (built by hand in their layout)
+draft as their formula, and bad fusion weights or heads are one-line errors."""
+import argparse
+
 import pytest
 import torch
 
@@ -238,3 +241,116 @@ def test_committed_mini_heads_are_lossless_on_smollm2(cfg_factory):
 
 def make_smollm2_cfg(cfg_factory, kind):
     return cfg_factory("target=smollm2_135m", "target.source=gguf", f"drafter=dels_{kind}", "drafter.init=auto")
+
+
+# ------------------------------------------------------------------------------ the authors' released heads
+def _release(tmp_path, vocab, hidden, mode="low_rank", projected=False, seed=0, **config):
+    """A directory in the DeLS-Spec release layout, built by hand (docs/checkpoints.md): local_head.pt =
+    {model_config, model_state_dict} + loss_mask_unigram.pt = {counts}; G = 7, r = 4; frozen copies included."""
+    g = torch.Generator().manual_seed(seed)
+    G, r, d_in = 7, 4, (5 if projected else hidden)
+    sd = {"prefix_gru.weight_ih_l0": torch.randn(3 * G, d_in, generator=g),
+          "prefix_gru.weight_hh_l0": torch.randn(3 * G, G, generator=g),
+          "rank_proj.weight": torch.randn(r, G, generator=g),
+          "low_rank_lm_head.weight": torch.randn(vocab, r, generator=g),
+          "embed_tokens.weight": torch.randn(vocab, hidden, generator=g)}            # a frozen copy: skipped
+    if projected:
+        sd["embed_down_proj.weight"] = torch.randn(d_in, hidden, generator=g)
+    if mode == "target_lm_head":
+        sd["rank_to_hidden.weight"] = torch.randn(hidden, r, generator=g)
+    mc = {"local_head_type": "rnn", "vocab_size": vocab, "embed_dim": hidden, "gru_hidden_dim": G, "low_rank_dim": r,
+          "lm_head_mode": mode, "rank_activation": "silu", "pure_draft_prefix_len": 0, "shift_label": True,
+          "block_size": 16, "num_anchors": 512, **config}                  # the legacy trainer's launcher values
+    d = tmp_path / f"release-{mode}-{int(projected)}"
+    d.mkdir()
+    # the whole training checkpoint, as the trainer saves it: its argparse.Namespace and optimizer state too
+    torch.save({"epoch": 0, "global_step": 3, "args": argparse.Namespace(lr=6e-4, shift_label=True),
+                "model_config": mc, "model_state_dict": sd,
+                "optimizer_state_dict": {"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": [{"lr": 6e-4}]},
+                "scheduler_state_dict": {"last_epoch": 3}}, d / dels.RELEASE_HEAD)
+    counts = torch.randint(0, 50, (vocab - 2,), generator=g)                           # shorter than V: zero-padded
+    torch.save({"counts": counts, "p": counts.double() / counts.sum(), "total_target_tokens": counts.sum(),
+                "metadata": {"tokenizer": "x", "loss_mask": True}}, d / dels.RELEASE_PRIOR)
+    return d, sd, counts
+
+
+@pytest.mark.parametrize("mode,projected", [("low_rank", False), ("target_lm_head", False), ("low_rank", True)])
+def test_released_head_drafts_as_the_reference_formula(tmp_path, mode, projected):
+    """The release's head, read with weights_only=True, drafts what its formula gives when written out with
+    torch.nn.GRU on the file's own tensors: GRU(E[d1..di]) -> rank_proj -> SiLU -> the output table (its own
+    [V, r], or W_lm @ rank_to_hidden); its prior is the Laplace-smoothed log of the zero-padded counts."""
+    V, H, K = 11, 6, 5
+    g = torch.Generator().manual_seed(4)
+    d, sd, counts = _release(tmp_path, V, H, mode, projected)
+    embed, lm = torch.randn(V, H, generator=g), torch.randn(V, H, generator=g)
+    assert dels.is_release(d)
+    head, lp = dels.load_release(d, H, V, 1.0, "w")
+    c = torch.cat([counts.double(), torch.zeros(2, dtype=torch.float64)]) + 1
+    assert torch.allclose(lp.double(), (c / c.sum()).log(), atol=1e-6)
+    gru = torch.nn.GRU(sd["prefix_gru.weight_ih_l0"].shape[1], 7, bias=False, batch_first=True)
+    gru.weight_ih_l0.data, gru.weight_hh_l0.data = sd["prefix_gru.weight_ih_l0"], sd["prefix_gru.weight_hh_l0"]
+    w_out = sd["low_rank_lm_head.weight"] if mode == "low_rank" else lm @ sd["rank_to_hidden.weight"]
+    table, shift = torch.randn(V, V, generator=g) * 2, torch.randn(V, generator=g)
+    drafter = dels.DeLSDrafter(_Backbone(table, K, shift), dels.MergedHead(head, embed, lm, torch.float32, "cpu"),
+                               lp, 1.5, 0.5, "torch", False)
+    changed = False
+    with torch.no_grad():
+        for anchor in range(V):
+            long = table[anchor][None] + torch.arange(K)[:, None] * shift
+            toks = [int(long[0].argmax())]
+            for i in range(1, K):
+                x = embed[torch.tensor(toks)][None]                                    # [1, i, H]
+                if projected:
+                    x = x @ sd["embed_down_proj.weight"].T
+                out, _ = gru(x)
+                short = w_out @ torch.nn.functional.silu(sd["rank_proj.weight"] @ out[0, -1])
+                fused = long[i] + 1.5 * short - 0.5 * lp
+                changed |= int(fused.argmax()) != int(long[i].argmax())
+                toks.append(int(fused.argmax()))
+            assert drafter.propose(anchor, 0, K, None).tokens.tolist() == toks
+    assert changed, "the released head never changed a draft: the test would not see it"
+
+
+def test_bad_released_heads_are_one_line_errors(tmp_path):
+    V, H = 11, 6
+    cases = {"pure_draft_prefix_len=2": {"pure_draft_prefix_len": 2}, "lm_head_mode='dense'": {"lm_head_mode": "dense"},
+             "embed_dim 8": {"embed_dim": 8}, "rank_activation": {"rank_activation": "gelu"}}
+    for i, (msg, extra) in enumerate(cases.items()):
+        (tmp_path / str(i)).mkdir()
+        d, _, _ = _release(tmp_path / str(i), V, H, **extra)
+        with pytest.raises(UserError, match=msg.replace("(", r"\(").replace(")", r"\)")) as e:
+            dels.load_release(d, H, V, 1.0, "drafter.head.checkpoint='x'")
+        assert "\n" not in str(e.value)
+    d, sd, _ = _release(tmp_path, V, H)
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        raw = torch.load(d / dels.RELEASE_HEAD, weights_only=True)
+    raw["model_state_dict"]["rank_proj.weight"] = torch.zeros(3, 7)
+    torch.save(raw, d / dels.RELEASE_HEAD)
+    with pytest.raises(UserError, match=r"rank_proj.weight has shape \(3, 7\), expected \(4, 7\)"):
+        dels.load_release(d, H, V, 1.0, "w")
+    del raw["model_state_dict"]["rank_proj.weight"]
+    torch.save(raw, d / dels.RELEASE_HEAD)
+    with pytest.raises(UserError, match=r"\['rank_proj.weight'\] missing"):
+        dels.load_release(d, H, V, 1.0, "w")
+    torch.save({"model_config": raw["model_config"], "model_state_dict": sd, "code": UserError("x")},
+               d / dels.RELEASE_HEAD)                                   # needs a class: never unpickled
+    with pytest.raises(UserError, match="local_head.pt is not a weights-only PyTorch file .*Unsupported global"):
+        dels.load_release(d, H, V, 1.0, "w")
+
+
+@pytest.mark.slow
+def test_released_head_is_lossless_on_tiny_qwen3_and_the_qwen3_default(cfg_factory, tiny_target, tmp_path):
+    """drafter.head.checkpoint = a release directory builds through the config like a trained head and stays
+    lossless; on Qwen3 dels_rnn defaults to the release's subfolder of that target."""
+    t = tiny_target
+    d, _, _ = _release(tmp_path, t.vocab_size, t.hidden_size)
+    drafter = build(cfg_factory, t, "rnn", f"drafter.head.checkpoint={d}", "drafter.head.init=checkpoint",
+                    "fusion.alpha=2.0", "fusion.beta=0.5")
+    assert drafter.head.w_out.shape == (t.vocab_size, 4)
+    for prompt in PROMPTS[:2]:
+        ids = t.encode_chat([{"role": "user", "content": prompt}])
+        ref = generate(t, None, ids, DecodeConfig(max_new_tokens=30))
+        assert generate(t, drafter, ids, DecodeConfig(max_new_tokens=30)).tokens == ref.tokens, prompt
+    for name in ("qwen3_4b", "qwen3_8b"):
+        filled = registry.fill_default_checkpoints(cfg_factory("drafter=dels_rnn").drafter, name)
+        assert filled.head.checkpoint == f"dt3t/DeLS-Spec-Weights/{name.replace('_', '-')}"

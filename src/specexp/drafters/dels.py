@@ -22,6 +22,7 @@ log_prior.safetensors (assistant-token counts and the smoothed log prior).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -42,6 +43,7 @@ WEIGHTS_FILE, PRIOR_FILE = ckpt.WEIGHTS_FILE, "log_prior.safetensors"
 FUSION_WEIGHTS_FILE = "fusion_weights.json"     # learned per-position alpha/beta (fusion=learned)
 KINDS = ("rnn", "markov")
 ACTIVATIONS = {"silu": F.silu, "identity": lambda x: x}
+LM_HEAD_MODES = ("target_factorized", "low_rank")
 
 
 @dataclass
@@ -49,11 +51,11 @@ class LocalHeadConfig:
     kind: str                       # rnn | markov
     hidden_size: int                # H of the target (embedding / lm_head width)
     vocab_size: int
-    input_rank: int = 256           # rnn: E -> r_in before the GRU
+    input_rank: int | None = 256    # rnn: E -> r_in before the GRU; None = the GRU reads E itself (the release)
     gru_hidden: int = 1024          # rnn only
     output_rank: int = 256          # r of the output factor (markov: the bigram rank)
     activation: str = "silu"        # rnn: after rank_proj (silu | identity)
-    lm_head_mode: str = "target_factorized"
+    lm_head_mode: str = "target_factorized"    # | low_rank: an own [V, r] output table (the release's default)
     architecture: str = field(default="dels_local_head", init=False)
 
     def to_dict(self) -> dict:
@@ -70,8 +72,9 @@ class LocalHeadConfig:
             raise UserError(f"{where}: {e}") from None
         one_of(f"{where}: kind", c.kind, KINDS)
         one_of(f"{where}: activation", c.activation, ACTIVATIONS)
-        check(c.lm_head_mode == "target_factorized",
-              f"{where}: lm_head_mode {c.lm_head_mode!r} is not supported (only 'target_factorized')")
+        one_of(f"{where}: lm_head_mode", c.lm_head_mode, LM_HEAD_MODES)
+        check(c.kind == "rnn" or (c.lm_head_mode == "target_factorized" and c.output_rank > 0),
+              f"{where}: a markov head takes lm_head_mode 'target_factorized' only")
         return c
 
 
@@ -79,18 +82,26 @@ class RNNHead(nn.Module):
     def __init__(self, c: LocalHeadConfig):
         super().__init__()
         self.config = c
-        self.embed_down_proj = nn.Linear(c.hidden_size, c.input_rank, bias=False)
-        self.gru = nn.GRU(c.input_rank, c.gru_hidden, num_layers=1, bias=False, batch_first=True)
+        # input_rank None / lm_head_mode low_rank: the released heads' layout (load_release), inference only
+        self.embed_down_proj = nn.Linear(c.hidden_size, c.input_rank, bias=False) if c.input_rank else None
+        self.gru = nn.GRU(c.input_rank or c.hidden_size, c.gru_hidden, num_layers=1, bias=False, batch_first=True)
         self.rank_proj = nn.Linear(c.gru_hidden, c.output_rank, bias=False)
-        self.rank_to_hidden = nn.Linear(c.output_rank, c.hidden_size, bias=False)
-        nn.init.zeros_(self.rank_to_hidden.weight)       # the head starts as "no opinion"
+        if c.lm_head_mode == "low_rank":
+            self.low_rank_lm_head = nn.Linear(c.output_rank, c.vocab_size, bias=False)
+        else:
+            self.rank_to_hidden = nn.Linear(c.output_rank, c.hidden_size, bias=False)
+            nn.init.zeros_(self.rank_to_hidden.weight)   # the head starts as "no opinion"
 
     def features(self, emb: torch.Tensor) -> torch.Tensor:
         """Embeddings `[N, L, H]` of a token run, fed from a zero state → rank states `[N, L, r]`."""
-        out, _ = self.gru(self.embed_down_proj(emb))                                   # [N, L, G]
+        x = emb if self.embed_down_proj is None else self.embed_down_proj(emb)         # [N, L, r_in | H]
+        out, _ = self.gru(x)                                                           # [N, L, G]
         return ACTIVATIONS[self.config.activation](self.rank_proj(out))
 
     def hidden(self, emb: torch.Tensor) -> torch.Tensor:
+        check(self.config.lm_head_mode == "target_factorized",
+              "a low_rank local head (a released one) has no H-wide output to train through the target lm_head; "
+              "train a head here (task=train drafter=dels_rnn)")
         return self.rank_to_hidden(self.features(emb))                                 # [N, L, H] → W_lm
 
 
@@ -175,6 +186,109 @@ def load_prior(path: str | os.PathLike, vocab_size: int, smoothing: float, where
     return lp
 
 
+
+# ------------------------------------------------------------------------------ the authors' released heads
+RELEASE_HEAD, RELEASE_PRIOR = "local_head.pt", "loss_mask_unigram.pt"
+RELEASE_CONFIG = {"vocab_size", "embed_dim", "gru_hidden_dim", "low_rank_dim"}       # required model_config keys
+
+
+def is_release(path: str | os.PathLike) -> bool:
+    """A directory of the DeLS-Spec release (`local_head.pt` + `loss_mask_unigram.pt`, one per target)."""
+    return (Path(path) / RELEASE_HEAD).exists() and not (Path(path) / ckpt.CONFIG_FILE).exists()
+
+
+def _torch_file(f: Path, where: str):
+    """A PyTorch file read with weights_only=True: tensors, dicts, lists and plain scalars only; a file that
+    needs any other class (code) is refused in one line, never unpickled."""
+    check(f.exists(), f"{where}: no {f.name} in {f.parent}")
+    try:
+        # the training checkpoint keeps its argparse.Namespace under "args": allowed as data (attributes only)
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(f, map_location="cpu", weights_only=True)
+    except Exception as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        why = next((ln for ln in lines if "Unsupported global" in ln), lines[0] if lines else "")
+        raise UserError(f"{where}: {f.name} is not a weights-only PyTorch file ({type(e).__name__}: {why[:160]})"
+                        ) from None
+
+
+def load_release(path: str | os.PathLike, hidden_size: int, vocab_size: int, smoothing: float,
+                 where: str) -> tuple[nn.Module, torch.Tensor]:
+    """The released RNN head and its prior as this project's head (docs/checkpoints.md, "Released DeLS-Spec
+    heads"): `local_head.pt` = {model_config, model_state_dict} with `prefix_gru.weight_ih_l0` [3G, H] (the GRU
+    reads the target embedding itself), `prefix_gru.weight_hh_l0` [3G, G], `rank_proj.weight` [r, G] and the
+    output `low_rank_lm_head.weight` [V, r] (lm_head_mode low_rank) or `rank_to_hidden.weight` [H, r]
+    (target_lm_head); frozen copies `embed_tokens.*` / `target_lm_head.*` are skipped. `loss_mask_unigram.pt` =
+    {counts: [V'], ...} or the bare counts (V' <= V, zero-padded). Read with weights_only=True (argparse.Namespace,
+    which the training checkpoint keeps, allowed as data). Every mismatch is one line."""
+    path = Path(path)
+    raw = _torch_file(path / RELEASE_HEAD, where)
+    check(isinstance(raw, dict) and isinstance(raw.get("model_config"), dict)
+          and isinstance(raw.get("model_state_dict"), dict),
+          f"{where}: {RELEASE_HEAD} must hold a dict with model_config and model_state_dict")
+    mc, sd = raw["model_config"], raw["model_state_dict"]
+    missing = sorted(RELEASE_CONFIG - set(mc))
+    check(not missing, f"{where}: {RELEASE_HEAD} model_config lacks {missing}")
+    param = mc.get("rnn_parameterization", mc.get("local_head_parameterization"))
+    check(param != "direct_vocab" and mc.get("architecture") != "direct_vocab_rnn",
+          f"{where}: a direct-vocab RNN head (own embedding) is not a DeLS-Spec local head this project runs")
+    # pure_draft_prefix_len and shift_label shaped the training labels only: the runtime drafts every head the
+    # same way (draft 1 is DFlash's alone); they are kept on the head (head.release) for the backbone check
+    prefix = mc.get("pure_draft_prefix_len", 1)
+    check(prefix in (0, 1), f"{where}: pure_draft_prefix_len={prefix!r}; expected 0 or 1")
+    mode = {"low_rank": "low_rank", "target_lm_head": "target_factorized"}.get(mc.get("lm_head_mode", "low_rank"))
+    check(mode is not None, f"{where}: lm_head_mode={mc.get('lm_head_mode')!r}; expected low_rank or target_lm_head")
+    check(int(mc["embed_dim"]) == hidden_size and int(mc["vocab_size"]) == vocab_size,
+          f"{where}: head for embed_dim {mc['embed_dim']} / vocab {mc['vocab_size']} does not fit the target "
+          f"(hidden {hidden_size}, vocab {vocab_size})")
+    projected = "embed_down_proj.weight" in sd
+    c = LocalHeadConfig("rnn", hidden_size, vocab_size,
+                        input_rank=int(sd["embed_down_proj.weight"].shape[0]) if projected else None,
+                        gru_hidden=int(mc["gru_hidden_dim"]), output_rank=int(mc["low_rank_dim"]),
+                        activation=mc.get("rank_activation", "identity"), lm_head_mode=mode)
+    one_of(f"{where}: rank_activation", c.activation, ACTIVATIONS)
+    rename = {"prefix_gru.weight_ih_l0": "gru.weight_ih_l0", "prefix_gru.weight_hh_l0": "gru.weight_hh_l0"}
+    state = {rename.get(k, k): v for k, v in sd.items() if not k.startswith(("embed_tokens.", "target_lm_head."))}
+    if mode == "target_factorized":
+        state.pop("low_rank_lm_head.weight", None)     # the reference overwrites it with W_lm @ rank_to_hidden
+    head = make_head(c)
+    want = head.state_dict()
+    check(set(state) == set(want), f"{where}: {RELEASE_HEAD} tensors {sorted(set(state) - set(want))} unexpected, "
+                                   f"{sorted(set(want) - set(state))} missing")
+    for k, v in state.items():
+        check(torch.is_tensor(v) and tuple(v.shape) == tuple(want[k].shape),
+              f"{where}: {RELEASE_HEAD} {k} has shape {tuple(getattr(v, 'shape', ()))}, "
+              f"expected {tuple(want[k].shape)}")
+    head.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    head.release = {"shift_label": bool(mc.get("shift_label", False)), "pure_draft_prefix_len": int(prefix)}
+    prior = _torch_file(path / RELEASE_PRIOR, where)
+    counts = prior.get("counts") if isinstance(prior, dict) else prior
+    check(torch.is_tensor(counts), f"{where}: {RELEASE_PRIOR} must hold a tensor or a dict with 'counts'")
+    counts = counts.reshape(-1).double()
+    check(counts.numel() <= vocab_size and bool((counts >= 0).all()) and bool(torch.isfinite(counts).all()),
+          f"{where}: {RELEASE_PRIOR} holds {counts.numel()} counts (at most {vocab_size}, finite, >= 0 expected)")
+    return head, log_prior_from_counts(F.pad(counts, (0, vocab_size - counts.numel())), smoothing)
+
+
+def resolve_head(spec: str, revision: str | None, where: str) -> Path:
+    """A head directory: local (this project's format or the release's), or on the hub as `owner/name` (this
+    project's format: config.json + safetensors) or `owner/name/subfolder` (the release: its two .pt files of
+    that subfolder, nothing else). `revision` pins the hub commit."""
+    p = Path(os.path.expanduser(spec))
+    if spec.count("/") != 2 or p.exists() or spec.startswith((".", "/", "~")) or (dflash.REPO_ROOT / spec).exists():
+        return dflash.resolve_checkpoint(spec, revision)
+    from huggingface_hub import snapshot_download
+
+    repo, sub = spec.rsplit("/", 1)
+    try:
+        root = snapshot_download(repo, revision=revision,
+                                 allow_patterns=[f"{sub}/{RELEASE_HEAD}", f"{sub}/{RELEASE_PRIOR}"])
+    except Exception as e:
+        at = f" at revision {revision!r}" if revision is not None else ""
+        raise UserError(f"{where}: not a local directory and not downloadable from the hub{at} "
+                        f"({type(e).__name__}); download it and pass the directory") from None
+    return Path(root) / sub
+
 # ------------------------------------------------------------------------------------- inference head
 class MergedHead:
     """The head folded into the target's frozen weights for inference; all tables `[V, r]` in one dtype.
@@ -186,8 +300,15 @@ class MergedHead:
         with torch.no_grad():
             e, w_lm = embed.to(**f32), lm_head.to(**f32)                                # [V, H]
             self.kind, self.act = c.kind, ACTIVATIONS[c.activation]
-            self.in_table = (e @ head.embed_down_proj.weight.to(**f32).T).to(dtype)      # [V, r_in]
-            self.w_out = (w_lm @ head.rank_to_hidden.weight.to(**f32)).to(dtype)         # [V, r]
+            proj = head.embed_down_proj
+            if proj is None:                     # the GRU reads E itself: the target's table, not a copy of it
+                self.in_table = embed.to(device=device, dtype=dtype)                     # [V, H]
+            else:
+                self.in_table = (e @ proj.weight.to(**f32).T).to(dtype)                 # [V, r_in]
+            if c.lm_head_mode == "low_rank":
+                self.w_out = head.low_rank_lm_head.weight.to(device=device, dtype=dtype)   # [V, r]
+            else:
+                self.w_out = (w_lm @ head.rank_to_hidden.weight.to(**f32)).to(dtype)     # [V, r]
             if c.kind == "rnn":
                 self.w_ih = head.gru.weight_ih_l0.to(device=device, dtype=dtype)         # [3G, r_in] gates r, z, n
                 self.w_hh = head.gru.weight_hh_l0.to(device=device, dtype=dtype)         # [3G, G]
@@ -280,14 +401,22 @@ def build(cfg, target) -> DeLSDrafter:
         log_prior = log_prior_from_counts(random_prior(target.vocab_size, cfg.seed), cfg.prior.smoothing)
     else:
         where = f"drafter.head.checkpoint={str(head_ckpt)!r}"
-        path = dflash.resolve_checkpoint(str(head_ckpt))
-        head = load_head(path, where)
+        path = resolve_head(str(head_ckpt), cfg.head.get("revision"), where)
+        release = is_release(path)
+        if release:
+            head, log_prior = load_release(path, target.hidden_size, target.vocab_size, cfg.prior.smoothing, where)
+            check(head.release["shift_label"] or getattr(backbone, "first_row", 1) == 1,
+                  f"{where}: an unshifted head (shift_label=False) on a shifted DFlash backbone; the reference "
+                  "pairs shifted backbones with shift_label=True heads only")
+        else:
+            head = load_head(path, where)
         c = head.config
         check(c.kind == head_config(cfg, target).kind, f"{where}: a {c.kind} head, but drafter={cfg.name}")
         check(c.hidden_size == target.hidden_size and c.vocab_size == target.vocab_size,
               f"{where}: head for hidden {c.hidden_size} / vocab {c.vocab_size} does not fit target {target.name} "
               f"(hidden {target.hidden_size}, vocab {target.vocab_size})")
-        log_prior = load_prior(path, target.vocab_size, cfg.prior.smoothing, where)
+        if not release:
+            log_prior = load_prior(path, target.vocab_size, cfg.prior.smoothing, where)
     merged = MergedHead(head, target.embed_tokens.weight, target.lm_head.weight, target.dtype, target.device)
     alpha, beta = fu.alpha, fu.beta
     if "learned" in (alpha, beta):
