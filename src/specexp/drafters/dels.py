@@ -73,7 +73,7 @@ class LocalHeadConfig:
         one_of(f"{where}: kind", c.kind, KINDS)
         one_of(f"{where}: activation", c.activation, ACTIVATIONS)
         one_of(f"{where}: lm_head_mode", c.lm_head_mode, LM_HEAD_MODES)
-        check(c.kind == "rnn" or (c.lm_head_mode == "target_factorized" and c.output_rank > 0),
+        check(c.kind == "rnn" or c.lm_head_mode == "target_factorized",
               f"{where}: a markov head takes lm_head_mode 'target_factorized' only")
         return c
 
@@ -184,7 +184,6 @@ def load_prior(path: str | os.PathLike, vocab_size: int, smoothing: float, where
     if counts.numel() < vocab_size or stored != smoothing:
         lp = log_prior_from_counts(F.pad(counts, (0, vocab_size - counts.numel())), smoothing)
     return lp
-
 
 
 # ------------------------------------------------------------------------------ the authors' released heads

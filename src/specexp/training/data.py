@@ -370,6 +370,18 @@ class CachedFeatures(torch.utils.data.Dataset):
                 "taps": taps if self.columns is None else taps[:, self.columns]}
 
 
+def step_taps(batch: dict, target, layer_ids, device) -> torch.Tensor:
+    """The target taps `[S, n·H]` of a training step's sequence: the feature cache's (`batch["taps"]`,
+    `data.features=cache`) or computed now without grad (`online`). Online taps are cloned: an inference tensor
+    cannot be saved for backward."""
+    taps = batch.get("taps")
+    if taps is not None:
+        return taps.to(device)
+    with torch.no_grad():
+        _, taps = target.forward(batch["ids"].to(device)[None], 0, target.new_cache(), taps=list(layer_ids))
+    return taps[0].clone()
+
+
 class OnlineSequences(torch.utils.data.Dataset):
     """(ids, loss_mask) per sequence: taps, where a module needs them, are computed by the frozen target inside
     the training step; the DeLS local heads need none."""

@@ -34,6 +34,7 @@ from .anchors import (
     sample_anchors,
     step_generator,
 )
+from .data import step_taps
 from .distributed import no_loss
 from .losses import chunked_ce
 from .pipeline import TrainPlan
@@ -83,12 +84,8 @@ class DFlashLitModule(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         ids, lm = batch["ids"].to(self.device), batch["loss_mask"].to(self.device)
-        taps = batch.get("taps")
-        if taps is None:
-            _, taps = self.target.forward(ids[None], 0, self.target.new_cache(),
-                                          taps=self.model.config.target_layer_ids)
-            taps = taps[0].clone()                 # an inference tensor cannot be saved for backward
-        loss, m = self.blocks_loss(ids, lm, taps.to(self.device), self.global_step)
+        taps = step_taps(batch, self.target, self.model.config.target_layer_ids, self.device)
+        loss, m = self.blocks_loss(ids, lm, taps, self.global_step)
         if loss is None:
             return no_loss(self)
         self.log("train/loss", loss, prog_bar=True, batch_size=1)

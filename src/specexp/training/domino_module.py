@@ -22,6 +22,7 @@ from ..drafters import domino
 from ..drafters.dflash import DFlashDraftModel, resolve_checkpoint
 from ..errors import check
 from .anchors import adamw_cosine, dense_mask, flex_mask, sample_anchors, step_generator
+from .data import step_taps
 from .distributed import no_loss
 from .losses import chunked_ce
 from .pipeline import TrainPlan
@@ -108,13 +109,9 @@ class DominoLitModule(L.LightningModule):
     def training_step(self, batch, batch_idx):
         backbone, t = self._frozen
         ids, lm = batch["ids"].to(self.device), batch["loss_mask"].to(self.device)
-        taps = batch.get("taps")
-        if taps is None:
-            with torch.no_grad():
-                _, taps = t.forward(ids[None], 0, t.new_cache(), taps=backbone.config.target_layer_ids)
-            taps = taps[0]
+        taps = step_taps(batch, t, backbone.config.target_layer_ids, self.device)
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        loss, m = self.domino_loss(ids, lm, taps.to(self.device).clone(), self.global_step, total)
+        loss, m = self.domino_loss(ids, lm, taps, self.global_step, total)
         if loss is None:
             return no_loss(self)
         self.log("train/loss", loss, prog_bar=True, batch_size=1)

@@ -60,6 +60,7 @@ from ..drafters.dflash import init_weights, resolve_checkpoint, rotate
 from ..drafters.eagle3 import Eagle3Config, Eagle3DraftModel, MidLayer, check_fits, default_tap_layers
 from ..errors import check
 from .anchors import adamw_cosine
+from .data import step_taps
 from .dflash_module import train_recipe
 from .distributed import no_loss
 from .losses import chunked_ce
@@ -193,11 +194,8 @@ class Eagle3LitModule(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         ids, lm = batch["ids"].to(self.device), batch["loss_mask"].to(self.device)
-        taps = batch.get("taps")
-        if taps is None:
-            _, taps = self.target.forward(ids[None], 0, self.target.new_cache(), taps=self.tap_layers)
-            taps = taps[0].clone()                 # an inference tensor cannot be saved for backward
-        loss, m = self.ttt_loss(ids, lm, taps.to(self.device))
+        taps = step_taps(batch, self.target, self.tap_layers, self.device)
+        loss, m = self.ttt_loss(ids, lm, taps)
         if loss is None:
             return no_loss(self)
         self.log("train/loss", loss, prog_bar=True, batch_size=1)

@@ -21,6 +21,7 @@ from ..drafters.dflash import DFlashDraftModel, resolve_checkpoint
 from ..errors import check, one_of
 from ..tracking import write_json
 from .anchors import adamw_cosine, sample_anchors, step_generator
+from .data import step_taps
 from .dflash_module import drafter_config
 from .distributed import no_loss
 from .losses import chunked_ce
@@ -213,12 +214,8 @@ class FusionWeightsLitModule(L.LightningModule):
     def training_step(self, batch, batch_idx):
         t = self._frozen[3]
         ids, lm = batch["ids"].to(self.device), batch["loss_mask"].to(self.device)
-        taps = batch.get("taps")
-        if taps is None:
-            with torch.no_grad():
-                _, taps = t.forward(ids[None], 0, t.new_cache(), taps=self._frozen[0].config.target_layer_ids)
-            taps = taps[0]
-        loss = self.fused_loss(ids, lm, taps.to(self.device).clone(), self.global_step)
+        taps = step_taps(batch, t, self._frozen[0].config.target_layer_ids, self.device)
+        loss = self.fused_loss(ids, lm, taps, self.global_step)
         if loss is None:
             return no_loss(self)
         self.log("train/loss", loss, prog_bar=True, batch_size=1)
