@@ -354,3 +354,22 @@ def test_released_head_is_lossless_on_tiny_qwen3_and_the_qwen3_default(cfg_facto
     for name in ("qwen3_4b", "qwen3_8b"):
         filled = registry.fill_default_checkpoints(cfg_factory("drafter=dels_rnn").drafter, name)
         assert filled.head.checkpoint == f"dt3t/DeLS-Spec-Weights/{name.replace('_', '-')}"
+
+
+def test_released_head_on_a_shifted_backbone_needs_shift_label(cfg_factory, tiny_target, tmp_path):
+    """A DSpark-format (shifted) backbone takes a release head trained with shift_label=True, and refuses one
+    trained unshifted in one line before anything is built on it (the labels it learned are one row off)."""
+    from test_released_formats import dspark_dir
+
+    t = tiny_target
+    backbone = dspark_dir(t, tmp_path / "b7")
+    (tmp_path / "on").mkdir()
+    (tmp_path / "off").mkdir()
+    shifted, _, _ = _release(tmp_path / "on", t.vocab_size, t.hidden_size)
+    unshifted, _, _ = _release(tmp_path / "off", t.vocab_size, t.hidden_size, shift_label=False)
+    opts = ("drafter.init=checkpoint", f"drafter.checkpoint={backbone}", "drafter.head.init=checkpoint")
+    drafter = build(cfg_factory, t, "rnn", *opts, f"drafter.head.checkpoint={shifted}")
+    assert drafter.max_drafts == 7 and drafter.first_row == 0
+    with pytest.raises(UserError, match=r"an unshifted head \(shift_label=False\) on a shifted DFlash backbone") as e:
+        build(cfg_factory, t, "rnn", *opts, f"drafter.head.checkpoint={unshifted}")
+    assert "\n" not in str(e.value)
