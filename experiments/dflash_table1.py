@@ -3,14 +3,16 @@ the paper's numbers. Reads the summary.json of each run; never imported by the l
 
 Runs (GPU, real weights; each writes DIR/summary.json):
   for m in 4b 8b; do
-    python -m specexp target=qwen3_$m drafter=dflash benchmark=all eval=paper decoding=greedy \
+    python -m specexp target=qwen3_$m drafter=dflash benchmark=reference eval=paper decoding=greedy \
         hydra.run.dir=runs/t1/qwen3_$m-T0
-    python -m specexp target=qwen3_$m drafter=dflash benchmark=all eval=paper decoding=sample_a \
+    python -m specexp target=qwen3_$m drafter=dflash benchmark=reference eval=paper decoding=sample_a \
         hydra.run.dir=runs/t1/qwen3_$m-T1
   done
   python experiments/dflash_table1.py runs/t1/*        # -> runs/t1/table1.md
-Note: the staged LiveCodeBench is a partial LeetCode subset and MBPP uses the MBPP paper template (see
-data/benchmarks/MANIFEST.md), so those two columns are comparable only in trend.
+benchmark=reference loads the prompts and the selection of the DFlash paper-era harness (MBPP sanitized, the 52K
+tatsu-lab Alpaca, LiveCodeBench code_generation_lite; the hub). With benchmark=all (the staged edition, offline)
+LiveCodeBench is a partial LeetCode subset, MBPP uses the MBPP paper template and Alpaca is EAGLE's 80 questions
+(data/benchmarks/MANIFEST.md): those three columns are then comparable only in trend.
 """
 import argparse
 import json

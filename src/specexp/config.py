@@ -254,6 +254,7 @@ RULES = {
     "benchmark.names": (lambda v: isinstance(v, list) and len(v) > 0 and all(isinstance(x, str) for x in v),
                         "a non-empty list of benchmark names"),
     "benchmark.source": (_one_of("local", "hf"), "local or hf"),
+    "benchmark.edition": (_one_of("staged", "reference"), "staged or reference"),
     "target.dtype": (_one_of("auto", *DTYPES), "auto, " + ", ".join(DTYPES)),
     "target.hidden_size": (_int(1), "an int >= 1"),
     "target.intermediate_size": (_int(1), "an int >= 1"),

@@ -27,6 +27,7 @@ from typing import Sequence
 
 import torch
 
+from . import pins
 from .errors import UserError, check, one_of
 
 QWEN3_MASK_TOKEN, QWEN3_MASK_ID = "<|MASK|>", 151669
@@ -435,7 +436,8 @@ def check_hf_dir(path: Path, where: str) -> None:
 def load_hub(cfg, device: torch.device, lean: bool = False) -> Target:
     src = cfg.get("path") or cfg.hub_id
     try:
-        model, tok = _from_pretrained(src, cfg, device, lean, revision=cfg.get("revision"))
+        revision = cfg.get("revision") if cfg.get("path") else pins.revision(src, cfg.get("revision"))
+        model, tok = _from_pretrained(src, cfg, device, lean, revision=revision)
     except OSError as e:
         raise UserError(f"target {cfg.name}: cannot load {src!r} ({str(e).splitlines()[0]}); "
                         f"set target.path to a local copy or make the hub reachable") from None
@@ -451,7 +453,7 @@ def load_smollm2(cfg, device: torch.device, lean: bool = False) -> Target:
     one_of("target.source", source, ("auto", "hub", "gguf"))
     if source == "hub" or (source == "auto" and _hub_reachable()):
         try:
-            model, tok = _from_pretrained(cfg.hub_id, cfg, device, lean)
+            model, tok = _from_pretrained(cfg.hub_id, cfg, device, lean, revision=pins.pinned(cfg.hub_id))
             return Target(cfg.name, model, tok, cfg.mask_token_id, _stops(cfg, tok), source=cfg.hub_id, lean=lean)
         except OSError:
             if source == "hub":

@@ -34,6 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import checkpoints as ckpt
+from .. import pins
 from ..errors import UserError, check, one_of
 from . import dflash
 from .sequential import SequentialDrafter, check_fusion_options, gru_step, matvec, random_init
@@ -279,6 +280,7 @@ def resolve_head(spec: str, revision: str | None, where: str) -> Path:
     from huggingface_hub import snapshot_download
 
     repo, sub = spec.rsplit("/", 1)
+    revision = pins.revision(repo, revision)
     try:
         root = snapshot_download(repo, revision=revision,
                                  allow_patterns=[f"{sub}/{RELEASE_HEAD}", f"{sub}/{RELEASE_PRIOR}"])

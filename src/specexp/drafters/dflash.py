@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import checkpoints as ckpt
+from .. import pins
 from ..errors import UserError, check
 from .base import Proposal, Sampling, choose, sequence_at
 
@@ -519,6 +520,7 @@ def resolve_checkpoint(path_or_id: str, revision: str | None = None) -> Path:
         return local
     from huggingface_hub import snapshot_download
 
+    revision = pins.revision(path_or_id, revision)
     try:
         return Path(snapshot_download(path_or_id, revision=revision,
                                       allow_patterns=["config.json", "*.safetensors", "model.safetensors.index.json"]))

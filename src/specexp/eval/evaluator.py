@@ -204,8 +204,7 @@ def run_eval(cfg, out_dir: Path) -> dict:
     device = resolve_device(cfg.device)
     ev = cfg.eval
     shard = shards.parse(ev.get("shard"))
-    selected = benchmarks.load(list(cfg.benchmark.names), ev.num_samples, ev.shuffle_seed, cfg.benchmark.source,
-                               cfg.benchmark.get("data_dir"), ev.split, ev.tune_samples)
+    selected = benchmarks.from_config(cfg.benchmark, ev)
     samples = shards.select(selected, shard)            # all of them unless eval.shard=I/N
     check(ev.check_lossless in (True, False, "auto"),
           f"eval.check_lossless={ev.check_lossless!r} is not valid; choose one of: auto, true, false")

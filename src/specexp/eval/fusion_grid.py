@@ -88,8 +88,7 @@ def run_grid(cfg, out_dir: Path) -> dict:
     cells = grid_cells(rp.fusion_grid)
     device = resolve_device(cfg.device)
     shard = shards.parse(ev.get("shard"))
-    selected = benchmarks.load(list(cfg.benchmark.names), ev.num_samples, ev.shuffle_seed, cfg.benchmark.source,
-                               cfg.benchmark.get("data_dir"), ev.split, ev.tune_samples)
+    selected = benchmarks.from_config(cfg.benchmark, ev)
     samples = shards.select(selected, shard)
     target = registry.build_target(cfg.target, device)
     drafter = registry.build_drafter(cfg.drafter, target)

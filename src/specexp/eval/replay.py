@@ -265,8 +265,7 @@ def run_replay(cfg, out_dir) -> dict:
     ev = cfg.eval
     device = resolve_device(cfg.device)
     shard = shards.parse(ev.get("shard"))
-    selected = benchmarks.load(list(cfg.benchmark.names), ev.num_samples, ev.shuffle_seed, cfg.benchmark.source,
-                               cfg.benchmark.get("data_dir"), ev.split, ev.tune_samples)
+    selected = benchmarks.from_config(cfg.benchmark, ev)
     samples = shards.select(selected, shard)            # all of them unless eval.shard=I/N (references too)
     target = registry.build_target(cfg.target, device)
     drafter = registry.build_drafter(cfg.drafter, target)

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .. import pins
 from ..errors import UserError, check, differing_keys
 
 CORPUS_DIR = Path(__file__).resolve().parents[3] / "data" / "corpus"
@@ -103,7 +104,9 @@ def load_hub(hub, max_samples: int | None, seed: int) -> list[Conversation]:
         ds = datasets.load_dataset("json", data_files=str(local), split=spec["split"])
     else:
         ds = datasets.load_dataset(str(local) if local.is_dir() else src, name=spec["name"],
-                                   data_files=spec["data_files"], split=spec["split"], revision=spec["revision"])
+                                   data_files=spec["data_files"], split=spec["split"],
+                                   revision=spec["revision"] if local.is_dir() else pins.revision(src, spec["revision"],
+                                                                                                  "dataset"))
     field = "conversations" if spec["format"] == "sharegpt" else "messages"
     check(field in ds.column_names, f"data.hub: {src} has columns {ds.column_names}; format {spec['format']} "
                                     f"reads {field!r}")
