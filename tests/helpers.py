@@ -1,6 +1,9 @@
 """Test-only drafters and a toy target (the engine talks to them through the same protocols)."""
+import argparse
+
 import torch
 
+from specexp.drafters import dels
 from specexp.drafters.base import Proposal, choose
 
 
@@ -232,3 +235,33 @@ def follow_script(target, drafter, prompt: list[int], n: int, seed: int = 0) -> 
     from specexp.decoding.engine import DecodeConfig, generate
 
     return prompt + generate(FollowingTarget(target, seed), drafter, prompt, DecodeConfig(max_new_tokens=n)).tokens
+
+
+def release_head_dir(tmp_path, vocab, hidden, mode="low_rank", projected=False, seed=0, **config):
+    """A directory in the DeLS-Spec release layout, built by hand (docs/checkpoints.md): local_head.pt =
+    {model_config, model_state_dict} + loss_mask_unigram.pt = {counts}; G = 7, r = 4; frozen copies included."""
+    g = torch.Generator().manual_seed(seed)
+    G, r, d_in = 7, 4, (5 if projected else hidden)
+    sd = {"prefix_gru.weight_ih_l0": torch.randn(3 * G, d_in, generator=g),
+          "prefix_gru.weight_hh_l0": torch.randn(3 * G, G, generator=g),
+          "rank_proj.weight": torch.randn(r, G, generator=g),
+          "low_rank_lm_head.weight": torch.randn(vocab, r, generator=g),
+          "embed_tokens.weight": torch.randn(vocab, hidden, generator=g)}            # a frozen copy: skipped
+    if projected:
+        sd["embed_down_proj.weight"] = torch.randn(d_in, hidden, generator=g)
+    if mode == "target_lm_head":
+        sd["rank_to_hidden.weight"] = torch.randn(hidden, r, generator=g)
+    mc = {"local_head_type": "rnn", "vocab_size": vocab, "embed_dim": hidden, "gru_hidden_dim": G, "low_rank_dim": r,
+          "lm_head_mode": mode, "rank_activation": "silu", "pure_draft_prefix_len": 0, "shift_label": True,
+          "block_size": 16, "num_anchors": 512, **config}                  # the legacy trainer's launcher values
+    d = tmp_path / f"release-{mode}-{int(projected)}"
+    d.mkdir()
+    # the whole training checkpoint, as the trainer saves it: its argparse.Namespace and optimizer state too
+    torch.save({"epoch": 0, "global_step": 3, "args": argparse.Namespace(lr=6e-4, shift_label=True),
+                "model_config": mc, "model_state_dict": sd,
+                "optimizer_state_dict": {"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": [{"lr": 6e-4}]},
+                "scheduler_state_dict": {"last_epoch": 3}}, d / dels.RELEASE_HEAD)
+    counts = torch.randint(0, 50, (vocab - 2,), generator=g)                           # shorter than V: zero-padded
+    torch.save({"counts": counts, "p": counts.double() / counts.sum(), "total_target_tokens": counts.sum(),
+                "metadata": {"tokenizer": "x", "loss_mask": True}}, d / dels.RELEASE_PRIOR)
+    return d, sd, counts

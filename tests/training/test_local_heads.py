@@ -145,6 +145,44 @@ def test_learned_fusion_weights_train_and_load(cfg_factory, tiny_target, tmp_pat
 
 
 @pytest.mark.slow
+def test_learned_fusion_weights_train_on_a_released_head(cfg_factory, tiny_target, tmp_path, monkeypatch):
+    """drafter.head.checkpoint = a directory in the DeLS-Spec release layout (its own [V, r] output table, its
+    prior): the α/β training reads it as dels.load_release does, the fused CE drops, fusion=learned reads the
+    weights back."""
+    from helpers import release_head_dir
+    from specexp import registry
+    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
+    from specexp.training.local_heads import FusionWeightsLitModule
+    from specexp.training.pipeline import context
+
+    t = tiny_target
+    monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path / "cache"))
+    bb = init_weights(DFlashDraftModel(DFlashConfig.for_target(t, 1, 8, None)), 0)
+    bb.save_pretrained(tmp_path / "dflash")
+    head_dir, _, _ = release_head_dir(tmp_path, t.vocab_size, t.hidden_size, seed=1)
+    parts = ["drafter=dels_rnn", f"drafter.checkpoint={tmp_path / 'dflash'}", "drafter.init=checkpoint",
+             f"drafter.head.checkpoint={head_dir}", "drafter.head.init=checkpoint"]
+    cfg = cfg_factory("task=train", *parts, "drafter.head.train.part=fusion_weights", "train=smoke", "data=smoke",
+                      f"paths.cache={tmp_path / 'cache'}", "drafter.head.train.epochs=5", "train.lr=0.05",
+                      "drafter.head.train.num_anchors=8", f"train.export_dir={head_dir}")
+    run_train(cfg, tmp_path / "run")
+    w = json.loads((head_dir / "fusion_weights.json").read_text())
+    assert max(abs(a - 0.3) for a in w["alpha"] + w["beta"]) > 0.05
+    head, lp = dels.load_release(head_dir, t.hidden_size, t.vocab_size, 1.0, "h")
+    losses = []
+    for a, b in ((0.3, 0.3), (w["alpha"], w["beta"])):
+        m = FusionWeightsLitModule(bb, head, lp, t, num_anchors=8, gamma=7.0, alpha=a, beta=b, lr=0,
+                                   warmup_ratio=0, seed=0)
+        with torch.no_grad():
+            losses.append(sum(float(m.fused_loss(s.ids, s.loss_mask, t.forward(
+                s.ids[None], 0, t.new_cache(), taps=bb.config.target_layer_ids)[1][0], i))
+                for i, s in enumerate(context(cfg).seqs)))
+    assert losses[1] < losses[0], losses
+    drafter = registry.build_drafter(cfg_factory(*parts, "fusion=learned").drafter, t)
+    assert drafter.alpha == pytest.approx(w["alpha"]) and drafter.beta == pytest.approx(w["beta"])
+
+
+@pytest.mark.slow
 def test_head_training_loads_a_lean_target_and_trains_the_same_head(cfg_factory, tmp_path, monkeypatch):
     """task=train drafter=dels_rnn reads tokens alone: its target has no decoder layer, and the head equals the
     one trained beside the whole target (same data, seed and steps)."""

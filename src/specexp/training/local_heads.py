@@ -186,6 +186,7 @@ class FusionWeightsLitModule(L.LightningModule):
         backbone, head, lp, t = self._frozen
         c, s, dev = backbone.config, ids.numel(), ids.device
         b = c.block_size
+        low_rank = head.config.lm_head_mode == "low_rank"
         g = step_generator(self.seed, step)
         anchors = sample_anchors(loss_mask.cpu(), self.num_anchors, g).to(dev)                    # [n]
         if anchors.numel() == 0:
@@ -199,12 +200,16 @@ class FusionWeightsLitModule(L.LightningModule):
             h = backbone(t.embed_tokens(blk.noise_ids)[None], blk.positions[None], ctx, dense_mask(anchors, s, b))
             long = h[0].view(-1, b, h.shape[-1])[:, 2:]                                             # [n, B-2, H]
             prev = ids[(anchors[:, None] + 1 + torch.arange(b - 2, device=dev)).clamp(max=s - 1)]   # [n, B-2]
-            short = head.hidden(t.embed_tokens(prev))                                               # [n, B-2, H]
+            # a released (low_rank) head has its own [V, r] output table; the others go through W_lm
+            e = t.embed_tokens(prev)                                                                # [n, B-2, H]
+            short = head.features(e) if low_rank else head.hidden(e)                                # [n, B-2, r|H]
         j = torch.arange(b - 2, device=dev).expand_as(w)                                            # [n, B-2]
         log_prior = lp.to(dev).float()                                                              # [V]
 
+        out_short = head.low_rank_lm_head if low_rank else t.lm_head
+
         def fused(hl, hs, k):                    # [m, V]: the fused logits of rows at draft positions k + 2
-            return (t.lm_head(hl).float() + self.alpha[k, None] * t.lm_head(hs).float()
+            return (t.lm_head(hl).float() + self.alpha[k, None] * out_short(hs).float()
                     - self.beta[k, None] * log_prior)
 
         sel = w > 0
@@ -235,15 +240,20 @@ def fusion_weights_plan(ctx) -> TrainPlan:
     check(bool(d.get("checkpoint")) and bool(d.head.get("checkpoint")),
           "drafter.head.train.part=fusion_weights needs trained parts: drafter.checkpoint=DIR and "
           "drafter.head.checkpoint=DIR")
-    bpath, hpath = resolve_checkpoint(str(d.checkpoint), d.get("revision")), resolve_checkpoint(str(d.head.checkpoint))
+    where = f"drafter.head.checkpoint={str(d.head.checkpoint)!r}"
+    bpath = resolve_checkpoint(str(d.checkpoint), d.get("revision"))
+    hpath = dels.resolve_head(str(d.head.checkpoint), d.head.get("revision"), where)   # a release's subfolder too
     fu = OmegaConf.to_container(ctx.fusion, resolve=True)
     ht = d.head.train
     backbone = DFlashDraftModel.from_pretrained(bpath, dtype=target.dtype, device=target.device)
 
     def module():
-        head = dels.load_head(hpath, f"drafter.head.checkpoint={str(d.head.checkpoint)!r}").to(target.device,
-                                                                                               target.dtype)
-        lp = dels.load_prior(hpath, target.vocab_size, d.prior.smoothing, str(hpath))
+        if dels.is_release(hpath):              # the authors' head + prior (dels.load_release)
+            head, lp = dels.load_release(hpath, target.hidden_size, target.vocab_size, d.prior.smoothing, where)
+        else:
+            head = dels.load_head(hpath, where)
+            lp = dels.load_prior(hpath, target.vocab_size, d.prior.smoothing, str(hpath))
+        head = head.to(target.device, target.dtype)
         return FusionWeightsLitModule(backbone, head, lp, target, num_anchors=ht.num_anchors, gamma=ht.gamma,
                                       alpha=fu["alpha"], beta=fu["beta"], lr=tc.lr, warmup_ratio=tc.warmup_ratio,
                                       seed=tc.seed)
