@@ -116,10 +116,6 @@ class BenchmarkSpec:
     family: str = ""                    # math | code | chat: the DeLS paper's grouping (its claims compare them)
     reference: Edition | None = None    # None: the reference edition is the staged one
 
-    @property
-    def file(self) -> str | None:
-        return self.staged.file
-
     def edition(self, name: str) -> Edition:
         return self.staged if name == "staged" or self.reference is None else self.reference
 
