@@ -25,6 +25,7 @@ def replace_atomic(final: Path, write) -> None:
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
     try:
         write(tmp)
+        os.chmod(tmp, 0o644)        # safetensors writes 0600: a checkpoint is as readable as the rest of the tree
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)

@@ -77,6 +77,8 @@ def test_zlab_checkpoint_loads_strictly_and_round_trips(zlab_dir, tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    for f in ("config.json", "model.safetensors"):      # readable like any file of the tree (safetensors writes 0600)
+        assert (out / f).stat().st_mode & 0o777 == 0o644, f
 
 
 def test_zlab_checkpoint_drafts_losslessly(zlab_dir, tiny_target):
