@@ -94,6 +94,21 @@ def test_train_task_writes_head_and_prior_and_evaluates(cfg_factory, tmp_path, m
     assert s["tokens"] == card["response_tokens"]
 
 
+def _fused_losses(bb, head, lp, t, seqs, w) -> list[float]:
+    """The fused CE summed over `seqs` at α = β = 0.3 and at the learned weights `w` (same anchors: seed 0)."""
+    from specexp.training.local_heads import FusionWeightsLitModule
+
+    losses = []
+    for a, b in ((0.3, 0.3), (w["alpha"], w["beta"])):
+        m = FusionWeightsLitModule(bb, head, lp, t, num_anchors=8, gamma=7.0, alpha=a, beta=b, lr=0,
+                                   warmup_ratio=0, seed=0)
+        with torch.no_grad():
+            losses.append(sum(float(m.fused_loss(s.ids, s.loss_mask, t.forward(
+                s.ids[None], 0, t.new_cache(), taps=bb.config.target_layer_ids)[1][0], i))
+                for i, s in enumerate(seqs)))
+    return losses
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("features", ["online", "cache"])
 def test_learned_fusion_weights_train_and_load(cfg_factory, tiny_target, tmp_path, monkeypatch, features):
@@ -102,7 +117,6 @@ def test_learned_fusion_weights_train_and_load(cfg_factory, tiny_target, tmp_pat
     them back into a lossless drafter."""
     from specexp import registry
     from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
-    from specexp.training.local_heads import FusionWeightsLitModule
 
     t = tiny_target
     monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path / "cache"))
@@ -125,14 +139,7 @@ def test_learned_fusion_weights_train_and_load(cfg_factory, tiny_target, tmp_pat
 
     seqs = context(cfg).seqs
     head, lp = dels.load_head(tmp_path / "head", "h"), dels.load_prior(tmp_path / "head", t.vocab_size, 1.0, "p")
-    losses = []
-    for a, b in ((0.3, 0.3), (w["alpha"], w["beta"])):
-        m = FusionWeightsLitModule(bb, head, lp, t, num_anchors=8, gamma=7.0, alpha=a, beta=b, lr=0,
-                                   warmup_ratio=0, seed=0)
-        with torch.no_grad():
-            losses.append(sum(float(m.fused_loss(s.ids, s.loss_mask, t.forward(
-                s.ids[None], 0, t.new_cache(), taps=bb.config.target_layer_ids)[1][0], i))
-                for i, s in enumerate(seqs)))
+    losses = _fused_losses(bb, head, lp, t, seqs, w)
     assert losses[1] < losses[0], losses
     ecfg = cfg_factory(*parts, "fusion=learned")
     drafter = registry.build_drafter(ecfg.drafter, t)
@@ -152,7 +159,6 @@ def test_learned_fusion_weights_train_on_a_released_head(cfg_factory, tiny_targe
     from helpers import release_head_dir
     from specexp import registry
     from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
-    from specexp.training.local_heads import FusionWeightsLitModule
     from specexp.training.pipeline import context
 
     t = tiny_target
@@ -169,14 +175,7 @@ def test_learned_fusion_weights_train_on_a_released_head(cfg_factory, tiny_targe
     w = json.loads((head_dir / "fusion_weights.json").read_text())
     assert max(abs(a - 0.3) for a in w["alpha"] + w["beta"]) > 0.05
     head, lp = dels.load_release(head_dir, t.hidden_size, t.vocab_size, 1.0, "h")
-    losses = []
-    for a, b in ((0.3, 0.3), (w["alpha"], w["beta"])):
-        m = FusionWeightsLitModule(bb, head, lp, t, num_anchors=8, gamma=7.0, alpha=a, beta=b, lr=0,
-                                   warmup_ratio=0, seed=0)
-        with torch.no_grad():
-            losses.append(sum(float(m.fused_loss(s.ids, s.loss_mask, t.forward(
-                s.ids[None], 0, t.new_cache(), taps=bb.config.target_layer_ids)[1][0], i))
-                for i, s in enumerate(context(cfg).seqs)))
+    losses = _fused_losses(bb, head, lp, t, context(cfg).seqs, w)
     assert losses[1] < losses[0], losses
     drafter = registry.build_drafter(cfg_factory(*parts, "fusion=learned").drafter, t)
     assert drafter.alpha == pytest.approx(w["alpha"]) and drafter.beta == pytest.approx(w["beta"])
