@@ -338,7 +338,11 @@ def speed_table(x: Inputs) -> list[str]:
 
 def tau_table(x: Inputs) -> list[str]:
     rows = []
-    for name in ("dflash", "dels_rnn", "dels_markov", "dels_rnn-beta0", "dels_rnn-learned", "domino_ft", "dedit"):
+    ev = x.path("eval/")
+    # the DEdit variants after DEdit (E2 is eval/dedit, the default passes, under a second name)
+    variants = sorted(p.name for p in ev.glob("dedit-*") if p.name != "dedit-E2") if ev.is_dir() else []
+    for name in ("dflash", "dels_rnn", "dels_markov", "dels_rnn-beta0", "dels_rnn-learned", "domino_ft", "dedit",
+                 *variants):
         try:
             s = x.summary(f"eval/{name}")
         except Missing:
