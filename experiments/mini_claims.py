@@ -10,9 +10,10 @@ task=eval writes, samples gzipped):
   grid/a<α>_b<β>/      the α/β grid of the DeLS-RNN head on the TUNE split (task=replay replay.fusion_grid...)
   grid_markov/...      the same for the Markov head (optional: RNN > Markov then uses each head's best cell)
   eval/<name>/         replays on the EVAL split (50 prompts per benchmark, all 30 of AIME25, 128 new tokens):
-                       dflash, dels_rnn, dels_markov (at the weights chosen on tune), dels_rnn-beta0 (the chosen α,
-                       β = 0), dels_rnn-learned (fusion=learned), domino_ft, dedit, dedit-causal, dedit-plain_mix,
-                       dedit-E<n> (edit passes), dedit-W<n> (window width)
+                       dflash, dflash_continued (the control), dels_rnn, dels_markov (at the weights chosen
+                       on tune), dels_rnn-beta0 (the chosen α, β = 0), dels_rnn-learned (fusion=learned),
+                       domino_ft, dedit, dedit-causal, dedit-plain_mix, dedit-E<n> (edit passes),
+                       dedit-W<n> (window width)
   online/<name>/       one online task=eval run per drafter on GSM8K (CPU speedup column)
   cards/<name>.json    training cards (train_seconds, peak memory) of dels_rnn and domino_ft
 The commands that produce them are in the folder's README. A claim whose inputs are missing reads "not measured"
@@ -248,29 +249,42 @@ def c_dedit_window(x: Inputs):
 
 
 def _harmful(records: dict[str, list[dict]]):
-    """Per prompt (benchmark, id): harmful and edited round counts."""
+    """Per prompt (benchmark, id): harmful, edited and all round counts, from the per-round `edit_outcomes` DEdit's
+    metrics record under greedy decoding (drafters/dedit.py: edit_outcome)."""
     out = {}
     for recs in records.values():
         for r in recs:
-            h, e = out.get((r["benchmark"], r["id"]), (0, 0))
-            out[(r["benchmark"], r["id"])] = (h + r.get("harmful", 0), e + r.get("edited", 0))
+            o = r.get("edit_outcomes") or []
+            h, e, n = out.get((r["benchmark"], r["id"]), (0, 0, 0))
+            out[(r["benchmark"], r["id"])] = (h + o.count("harmful"), e + sum(x != "unedited" for x in o),
+                                              n + len(o))
     return out
 
 
 def c_proposal_mix(x: Inputs):
+    """"Halves harmful edits": harmful edits per round (the abstract counts edits that shorten the accepted prefix,
+    so editing less often counts), ProposalMix / plain mix, with a prompt-bootstrap CI; the harmful share of the
+    edited rounds is printed beside it."""
     mix, plain = _harmful(x.run("eval/dedit")), _harmful(x.run("eval/dedit-plain_mix"))
     keys = sorted(mix.keys() & plain.keys())
-    hm, em, hp, ep = (torch.tensor([d[k][i] for k in keys], dtype=torch.float64) for d in (mix, plain) for i in (0, 1))
+    hm, em, nm, hp, ep, np_ = (torch.tensor([d[k][i] for k in keys], dtype=torch.float64)
+                               for d in (mix, plain) for i in (0, 1, 2))
     if float(em.sum()) == 0 or float(ep.sum()) == 0 or float(hp.sum()) == 0:
         raise Missing("edited rounds with harmful edits in both runs")
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, len(keys), (2000, len(keys)), generator=g)
-    ratio = (hm[idx].sum(1) / em[idx].sum(1)) / (hp[idx].sum(1) / ep[idx].sum(1))
-    point = float((hm.sum() / em.sum()) / (hp.sum() / ep.sum()))
-    ci = percentiles95(ratio)
-    v = "reproduced" if ci[1] <= 0.5 else "contradicted" if ci[0] > 0.5 else "inconclusive"
-    return (f"harmful-edit rate ProposalMix / plain mix = {float(hm.sum() / em.sum()):.3f} / "
-            f"{float(hp.sum() / ep.sum()):.3f} = {point:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]", v)
+
+    def ratio(num_m, den_m, num_p, den_p):
+        point = float((num_m.sum() / den_m.sum()) / (num_p.sum() / den_p.sum()))
+        reps = (num_m[idx].sum(1) / den_m[idx].sum(1)) / (num_p[idx].sum(1) / den_p[idx].sum(1))
+        return point, percentiles95(reps)
+
+    (pr, cr), (pe, ce) = ratio(hm, nm, hp, np_), ratio(hm, em, hp, ep)
+    v = "reproduced" if cr[1] <= 0.5 else "contradicted" if cr[0] > 0.5 else "inconclusive"
+    return (f"harmful edits per round, ProposalMix / plain mix = {int(hm.sum())} / {int(nm.sum())} ÷ "
+            f"{int(hp.sum())} / {int(np_.sum())} = {pr:.2f} [{cr[0]:.2f}, {cr[1]:.2f}]; per edited round "
+            f"{float(hm.sum() / em.sum()):.3f} / {float(hp.sum() / ep.sum()):.3f} = {pe:.2f} [{ce[0]:.2f}, "
+            f"{ce[1]:.2f}] (ProposalMix edits {int(em.sum())} rounds, plain mix {int(ep.sum())})", v)
 
 
 def c_causal_loses(x: Inputs):
@@ -341,8 +355,8 @@ def tau_table(x: Inputs) -> list[str]:
     ev = x.path("eval/")
     # the DEdit variants after DEdit (E2 is eval/dedit, the default passes, under a second name)
     variants = sorted(p.name for p in ev.glob("dedit-*") if p.name != "dedit-E2") if ev.is_dir() else []
-    for name in ("dflash", "dels_rnn", "dels_markov", "dels_rnn-beta0", "dels_rnn-learned", "domino_ft", "dedit",
-                 *variants):
+    for name in ("dflash", "dflash_continued", "dels_rnn", "dels_markov", "dels_rnn-beta0", "dels_rnn-learned",
+                 "domino_ft", "dedit", *variants):
         try:
             s = x.summary(f"eval/{name}")
         except Missing:
@@ -356,6 +370,28 @@ def tau_table(x: Inputs) -> list[str]:
         return []
     return ["| run (eval split) | macro τ [95% CI] | " + " | ".join(benchmarks.families()) + " |",
             "|---|---|" + "---:|" * len(benchmarks.families()), *rows]
+
+
+CONTROLS = [  # (A, B, what A − B tells)
+    ("dflash_continued", "dflash", "what the extra steps alone buy DFlash (same data, one epoch, DFlash loss only)"),
+    ("dedit", "dflash_continued", "DEdit's training beyond those extra steps (same data, same steps)"),
+    ("domino_ft", "dflash_continued", "Domino-FT beyond more DFlash training (its own anchors: its card)"),
+]
+
+
+def controls_table(x: Inputs) -> list[str]:
+    """The continued-DFlash control: more training of the backbone with its own loss, against what the drafters
+    that fine-tune it (DEdit, Domino-FT) gain."""
+    rows = []
+    for a, b, what in CONTROLS:
+        try:
+            d, ci = macro_delta(x, f"eval/{a}", f"eval/{b}")
+        except Missing:
+            continue
+        rows.append(f"| {a} − {b} | {fmt(d, ci)} | {verdict_gt(ci)} | {what} |")
+    if not rows:
+        return []
+    return ["| A − B (eval split) | macro Δτ [95% CI] | verdict of A > B | what it tells |", "|---|---|---|---|", *rows]
 
 
 KEPT = ("summary.json", "summary.md", "config.yaml", "run.json")
@@ -437,6 +473,9 @@ def main(argv=None) -> None:
     taus = tau_table(x)
     if taus:
         lines += ["## τ of the runs (eval split, family = unweighted mean of its benchmarks)", "", *taus, ""]
+    ctrl = controls_table(x)
+    if ctrl:
+        lines += ["## The continued-DFlash control", "", *ctrl, ""]
     lines += ["## Online CPU speedup (one run per drafter; the load each was timed under: mini_claims/README.md)", "",
               *speed_table(x), ""]
     text = "\n".join(lines)
