@@ -24,7 +24,7 @@ from ..errors import UserError, check, differing_keys
 
 CORPUS_DIR = Path(__file__).resolve().parents[3] / "data" / "corpus"
 CORPORA = {"gsm8k_train": "gsm8k_train.jsonl", "mbpp_nontest": "mbpp_nontest.jsonl",
-           "sharegpt": "sharegpt_v3_sample.jsonl"}
+           "sharegpt": "sharegpt_v3_sample.jsonl", "sharegpt_more": "sharegpt_v3_more.jsonl"}
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 
