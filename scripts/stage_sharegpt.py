@@ -10,9 +10,8 @@ first exchange only, and only where the first user turn is at most MAX_USER_CHAR
 come near SmolLM2's 512-token training sequences, data.max_length, and the regeneration skips them anyway).
 Dropped: every id already in `sharegpt_v3_sample.jsonl` and every record whose first user turn contains, or is
 contained in, a prompt turn of a shipped benchmark (data/benchmarks, after whitespace and case folding; turns of
-at least 30 characters), so the file is disjoint from both. Shuffled with
-seed 0 and cut at MAX_ROWS rows; the output is deterministic (its sha256 is printed, and recorded in
-data/corpus/MANIFEST.md).
+at least 30 characters), so the file is disjoint from both. Shuffled with seed 0 and cut at MAX_ROWS rows; the
+output is deterministic (its sha256 is printed, and recorded in data/corpus/MANIFEST.md) and written atomically.
 """
 from __future__ import annotations
 
@@ -61,8 +60,9 @@ def benchmark_prompts() -> set[str]:
                 for k in ("prompt", "question", "problem", "instruction", "turns", "text"):
                     v = r.get(k)
                     for s in v if isinstance(v, list) else [v]:
-                        if isinstance(s, str) and len(norm(s)) >= 30:
-                            out.add(norm(s))
+                        n = norm(s) if isinstance(s, str) else ""
+                        if len(n) >= 30:
+                            out.add(n)
     return out
 
 
@@ -106,7 +106,9 @@ def main(argv=None) -> None:
     random.Random(0).shuffle(rows)
     rows = rows[:MAX_ROWS]
     data = "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in rows).encode()
-    args.out.write_bytes(data)
+    tmp = args.out.with_name(args.out.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(args.out)
     print(f"{counts}; wrote {len(rows)} rows, {len(data):,} bytes, sha256 {hashlib.sha256(data).hexdigest()} "
           f"to {args.out}")
 
