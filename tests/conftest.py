@@ -10,8 +10,8 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("SPECEXP_CACHE", str(ROOT / ".cache" / "specexp"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Under pytest-xdist (`-n 2`, what CI runs) each worker, and every CLI process it starts, keeps to one thread: two
-# workers of two threads each on two cores spin against each other and run slower than one.
+# Under pytest-xdist (`-n auto`, what CI runs) each worker, and every CLI process it starts, keeps to its share of
+# the cores: two workers of two threads each on two cores spin against each other and run slower than one.
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 THREADS = max(1, (os.cpu_count() or 2) // WORKERS) if WORKERS > 1 else 2
 if WORKERS > 1:

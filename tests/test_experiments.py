@@ -246,8 +246,7 @@ def test_data_scaling_crossing_of_a_log_linear_curve():
 def _claims_run(d, taus: dict[str, list[int]], extra: dict | None = None):
     """A kept replay run: per benchmark, per prompt, one turn of 4 rounds of accept length a."""
     d.mkdir(parents=True)
-    recs = [{"id": f"{b}-{i}", "benchmark": b, "turn": 0, "accept_lengths": [a] * 4,
-             **(extra(b, i) if callable(extra) else extra or {})}
+    recs = [{"id": f"{b}-{i}", "benchmark": b, "turn": 0, "accept_lengths": [a] * 4, **(extra or {})}
             for b, al in taus.items() for i, a in enumerate(al)]
     (d / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     bench = {b: {"tau": sum(al) / len(al), "num_samples": len(al)} for b, al in taus.items()}
@@ -296,11 +295,13 @@ def test_mini_claims_proposal_mix_counts_the_recorded_edit_outcomes(tmp_path):
     taus = {"gsm8k": [2] * 6, "mt_bench": [1] * 6}
 
     def outcomes(harmful):
-        return lambda b, i: {"edit_outcomes": ["harmful"] * harmful + ["neutral"] * (4 - harmful) + ["unedited"] * 2}
+        return {"edit_outcomes": ["harmful"] * harmful + ["neutral"] * (4 - harmful) + ["unedited"] * 2}
 
-    cases = (("halved", (1, 3), "= 12 / 72 ÷ 36 / 72 = 0.33 [0.33, 0.33]; per edited round 0.250 / 0.750"),
-             ("same", (2, 2), "= 24 / 72 ÷ 24 / 72 = 1.00 [1.00, 1.00]; per edited round 0.500 / 0.500"))
-    for root, (mix, plain), want in cases:
+    cases = (("halved", (1, 3), "= 12 / 72 ÷ 36 / 72 = 0.33 [0.33, 0.33]; per edited round 0.250 / 0.750",
+              "| reproduced |"),
+             ("same", (2, 2), "= 24 / 72 ÷ 24 / 72 = 1.00 [1.00, 1.00]; per edited round 0.500 / 0.500",
+              "| contradicted |"))
+    for root, (mix, plain), want, verdict in cases:
         _claims_run(tmp_path / root / "eval" / "dedit", taus, outcomes(mix))
         _claims_run(tmp_path / root / "eval" / "dedit-plain_mix", taus, outcomes(plain))
         out = tmp_path / f"{root}.md"
@@ -308,4 +309,4 @@ def test_mini_claims_proposal_mix_counts_the_recorded_edit_outcomes(tmp_path):
                         "--out", str(out), "--previous", str(tmp_path / "none")], capture_output=True, text=True,
                        check=True)
         row = next(r for r in out.read_text().splitlines() if "ProposalMix halves" in r)
-        assert want in row and row.endswith("| reproduced |" if root == "halved" else "| contradicted |"), row
+        assert want in row and row.endswith(verdict), row
