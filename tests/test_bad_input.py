@@ -113,6 +113,8 @@ CASES = [
     ("cpu_threads_neg", [*SMALL, "cpu_threads=-2"], "cpu_threads=-2 is not valid; expected an int >= 1, or null"),
     ("cpu_threads_abc", [*SMALL, "cpu_threads=abc"], "cpu_threads='abc' is not valid; expected an int >= 1"),
     ("cpu_threads_0", [*SMALL, "cpu_threads=0"], "cpu_threads=0 is not valid; expected an int >= 1"),
+    ("max_drafts_0", [*SMALL, "eval.max_drafts=0"],
+     "eval.max_drafts=0 is not valid; expected an int >= 1, or null (the drafter's own number of drafts)"),
     ("warmup_neg", [*SMALL, "eval.warmup=-3"], "eval.warmup=-3 is not valid; expected an int >= 0"),
     ("shuffle_seed_abc", [*SMALL, "eval.shuffle_seed=abc"], "eval.shuffle_seed='abc' is not valid; expected an int"),
     ("split_bad", [*SMALL, "eval.split=test"], "eval.split='test' is not valid; expected eval or tune"),

@@ -310,3 +310,16 @@ def test_mini_claims_proposal_mix_counts_the_recorded_edit_outcomes(tmp_path):
                        check=True)
         row = next(r for r in out.read_text().splitlines() if "ProposalMix halves" in r)
         assert want in row and row.endswith(verdict), row
+
+
+def test_draft_cap_times_every_cap_against_ar_and_checks_the_output(tmp_path):
+    """The tiny target, a random DFlash: every cap decodes the AR output; the table and the json have every row."""
+    out = subprocess.run([sys.executable, str(ROOT / "experiments" / "draft_cap.py"), "--target", "tiny_qwen3",
+                          "--num-samples", "2", "--max-new-tokens", "12", "--caps", "1", "3", "9", "--threads", "1",
+                          "--out", str(tmp_path), "drafter.init=random", "drafter.block_size=4"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads((tmp_path / "dflash-tune.json").read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["AR", "k=1", "k=3"]       # 9 is capped at the drafter's K = 3
+    assert rows[0]["speedup"] == 1.0 and all(r["tau"] >= 1.0 for r in rows)
+    assert "Greedy output equal to AR's on 4 / 4" in out.stdout

@@ -239,6 +239,7 @@ RULES = {
     "cpu_threads": (_null_or(_int(1)), "an int >= 1, or null (torch's default)"),
     "eval.num_samples": (_num_samples, "an int >= 1, null (all), 'paper' or a mapping {benchmark: int >= 1}"),
     "eval.max_new_tokens": (_int(1), "an int >= 1"),
+    "eval.max_drafts": (_null_or(_int(1)), "an int >= 1, or null (the drafter's own number of drafts)"),
     "eval.shuffle_seed": (_int(), "an int"),
     "eval.split": (_one_of("eval", "tune"), "eval or tune"),
     "eval.tune_samples": (lambda v: _int(0)(v) or isinstance(v, dict) and all(
@@ -534,6 +535,7 @@ class _FromCfg:
 class EvalConfig(_FromCfg):
     num_samples: int | str | dict | None
     max_new_tokens: int
+    max_drafts: int | None = None
     shuffle_seed: int = 0
     split: str = "eval"
     tune_samples: int | dict = 0

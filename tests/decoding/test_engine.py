@@ -48,6 +48,18 @@ def test_partially_correct_drafts_stay_lossless(tiny_target, prompt, corrupt):
     assert all(d <= 7 for d in spec.drafted)
 
 
+@pytest.mark.parametrize("cap", [1, 3, 7, 12])
+def test_a_draft_cap_verifies_at_most_that_many_drafts_and_stays_lossless(tiny_target, cap):
+    """eval.max_drafts: a perfect drafter's rounds commit exactly cap + 1 tokens; a cap above K changes nothing."""
+    n = 40
+    ids, ref = ar(tiny_target, PROMPTS[0], n)
+    oracle = OracleDrafter(ref.tokens + [0] * 16, len(ids), 7, 0.0, tiny_target.vocab_size, seed=1)
+    spec = generate(tiny_target, oracle, ids, DecodeConfig(max_new_tokens=n, max_drafts=cap))
+    k = min(cap, 7)
+    assert spec.tokens == ref.tokens
+    assert max(spec.drafted) == k and spec.accept_lengths[:-1] == [k + 1] * (len(spec.accept_lengths) - 1)
+
+
 @pytest.mark.parametrize("stop_at", [0, 1, 5, 12])
 def test_stop_token_inside_an_accepted_block(tiny_target, stop_at):
     ids, free = ar(tiny_target, PROMPTS[1], 40)

@@ -60,6 +60,17 @@ def test_oracle_replay_equals_engine(tiny_target, corrupt, n):
         assert max(gen.accept_lengths) == 8             # full blocks: long acceptances are exercised
 
 
+@pytest.mark.parametrize("cap", [1, 2, 5])
+def test_replay_under_a_draft_cap_equals_the_engine(tiny_target, cap):
+    t = tiny_target
+    ids, ref = reference(t, PROMPTS[2], 40)
+    dc = DecodeConfig(max_new_tokens=40, max_drafts=cap)
+    make = lambda: OracleDrafter(ref + [0] * 16, len(ids), 7, 0.3, t.vocab_size, seed=2)   # noqa: E731
+    online, gen, _ = online_and_replay(t, make, ids, ref, dc)
+    assert online.tokens == ref and gen.accept_lengths == online.accept_lengths and gen.drafted == online.drafted
+    assert max(gen.drafted) == cap
+
+
 @pytest.mark.parametrize("stop_at", [0, 3, 8, 15])
 @pytest.mark.parametrize("corrupt", [0.0, 0.3])
 def test_stop_token_inside_an_accepted_block(tiny_target, stop_at, corrupt):
@@ -147,13 +158,14 @@ def _records(d):
 
 
 @pytest.mark.slow
-def test_task_replay_equals_task_eval_turn_by_turn(cfg_factory, tmp_path):
-    """Multi-turn too: turn 2 follows the target's own turn-1 answer in both."""
+@pytest.mark.parametrize("cap", [None, 2])
+def test_task_replay_equals_task_eval_turn_by_turn(cfg_factory, tmp_path, cap):
+    """Multi-turn too: turn 2 follows the target's own turn-1 answer in both; under eval.max_drafts as well."""
     from specexp.eval.evaluator import run_eval
     from specexp.eval.replay import run_replay
 
     common = ["benchmark=mt_bench", "eval.num_samples=2", "eval.max_new_tokens=16", "drafter.block_size=4",
-              f"paths.cache={tmp_path / 'cache'}"]
+              f"paths.cache={tmp_path / 'cache'}", *([f"eval.max_drafts={cap}"] if cap else [])]
     run_eval(cfg_factory(*common, "eval.run_ar=false"), tmp_path / "online")
     summary = run_replay(cfg_factory("task=replay", *common), tmp_path / "replay")
     on, rp = _records(tmp_path / "online"), _records(tmp_path / "replay")
@@ -165,6 +177,8 @@ def test_task_replay_equals_task_eval_turn_by_turn(cfg_factory, tmp_path):
         assert r["text_sha256"] == on[key(r)]["text_sha256"] and len(r["tokens"]) == r["new_tokens"]
         assert "tpot" not in r and "ttft" not in r
     assert summary["mode"] == "replay" and _summary(tmp_path / "online")["mode"] == "online"
+    assert summary["num_draft_tokens"] == _summary(tmp_path / "online")["num_draft_tokens"] == (cap or 3)
+    assert max(d for r in rp for d in r["drafted"]) == (cap or 3)
     b = summary["benchmarks"]["mt_bench"]
     assert "speedup" not in b and "tpot_ms" not in b and "speedup" not in summary["macro"]
     lo, hi = b["tau_ci95"]

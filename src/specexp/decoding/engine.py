@@ -22,6 +22,15 @@ class DecodeConfig:
     temperature: float = 0.0
     max_new_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()
+    max_drafts: int | None = None      # a cap on the drafts a round verifies (None: the drafter's own K)
+
+
+def drafts_per_round(drafter: Drafter | None, dc: DecodeConfig) -> int:
+    """K, the drafts one round verifies at most: the drafter's `max_drafts`, capped by `dc.max_drafts`. A cap
+    keeps the first drafts of each proposal and drops the rest: the output stays the target's, only τ and the
+    cost of a round change (on a CPU, verifying 9 rows costs about twice a 1-row step)."""
+    k = drafter.max_drafts if drafter is not None else 0
+    return min(k, dc.max_drafts) if dc.max_drafts is not None else k
 
 
 @dataclass
@@ -72,11 +81,12 @@ def generate(target, drafter: Drafter | None, prompt_ids: list[int], dc: DecodeC
             drafter.prefill(hidden)
 
     start = len(prompt_ids)                              # position of the anchor
+    k_max = drafts_per_round(drafter, dc)
     t0 = now(dev)
     done = anchor in stops
     while not done and len(gen.tokens) < dc.max_new_tokens:
         # Never draft past the budget: k drafts + 1 bonus must fit.
-        k = min(drafter.max_drafts if drafter is not None else 0, dc.max_new_tokens - len(gen.tokens) - 1)
+        k = min(k_max, dc.max_new_tokens - len(gen.tokens) - 1)
         prop = drafter.propose(anchor, start, k, sampling) if k > 0 else no_drafts
         block = torch.cat([torch.tensor([anchor], device=dev), prop.tokens])[None]   # [1, N+1]
         tree = layout(prop.parents, k) if prop.parents is not None else None      # k bounds a tree's depth

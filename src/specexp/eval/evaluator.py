@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from .. import benchmarks, registry
-from ..decoding.engine import DecodeConfig, Generation, generate
+from ..decoding.engine import DecodeConfig, Generation, drafts_per_round, generate
 from ..decoding.verify import PROTOCOLS
 from ..errors import check
 from ..report.tables import summary_markdown
@@ -42,7 +42,10 @@ def decode_config(decoding, ev, target) -> DecodeConfig:
           f"need T>0 (use decoding=greedy, decoding=sample_a or decoding=sample_b)")
     check(isinstance(ev.max_new_tokens, int) and ev.max_new_tokens > 0,
           f"eval.max_new_tokens={ev.max_new_tokens!r} must be a positive int")
-    return DecodeConfig(protocol, float(temp), ev.max_new_tokens, tuple(target.stop_token_ids))
+    cap = ev.get("max_drafts")
+    check(cap is None or isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1,
+          f"eval.max_drafts={cap!r} must be an int >= 1, or null (the drafter's own number of drafts)")
+    return DecodeConfig(protocol, float(temp), ev.max_new_tokens, tuple(target.stop_token_ids), cap)
 
 
 def turn_seed(seed: int, sample_id: str, turn: int) -> int:
@@ -80,7 +83,7 @@ def check_fits(target, sample_id: str, turn: int, prompt_len: int, dc: DecodeCon
 def run_sample(target, drafter, sample, dc: DecodeConfig, ev, seed: int, round_metrics=None) -> list[dict]:
     """All turns of one sample; each next user turn follows the model's own previous answer. `round_metrics`:
     the drafter's registry `metrics` (turns its per-round `info` into record fields), or None."""
-    k = drafter.max_drafts if drafter is not None else 0
+    k = drafts_per_round(drafter, dc)
     messages, recs = [], []
     for turn, user in enumerate(sample.turns):
         messages.append({"role": "user", "content": user})
@@ -138,7 +141,7 @@ def summarize(records: list[dict], names: list[str], target, drafter, dc: Decode
     header = {
         "target": target.name, "drafter": drafter.name if drafter is not None else "none", "mode": mode,
         "decoding": {"temperature": dc.temperature, "protocol": dc.protocol},
-        "max_new_tokens": dc.max_new_tokens, "num_draft_tokens": drafter.max_drafts if drafter is not None else 0,
+        "max_new_tokens": dc.max_new_tokens, "num_draft_tokens": drafts_per_round(drafter, dc),
     }
     return summarize_records(records, names, header, round_metrics)
 
@@ -168,6 +171,12 @@ def summarize_records(records: list[dict], names: list[str], header: dict, round
     return {**{key: header[key] for key in SUMMARY_HEADER}, "benchmarks": benches, "macro": macro}
 
 
+def capped(ev) -> dict:
+    """`eval.max_drafts` for a run's settings when it is set: absent when null, so that the directories of runs made
+    before the key existed still resume."""
+    return {"max_drafts": ev.max_drafts} if ev.get("max_drafts") is not None else {}
+
+
 def run_settings(cfg, device) -> dict:
     """Every setting that changes a result, for run.json (the samples and their prompts are added by the store).
     Not here: benchmark names, source, data_dir, num_samples and shuffle_seed, which only select samples (the
@@ -178,7 +187,8 @@ def run_settings(cfg, device) -> dict:
         "target": {k: v for k, v in container(cfg.target, resolve=True).items() if k != "cache_dir"},
         "drafter": drafter, "checkpoint_content": checkpoint_digests(drafter),
         "decoding": container(cfg.decoding, resolve=True),
-        "eval": {k: cfg.eval.get(k) for k in ("max_new_tokens", "run_ar", "check_lossless", "near_tie", "save_text")},
+        "eval": {k: cfg.eval.get(k) for k in ("max_new_tokens", "run_ar", "check_lossless", "near_tie", "save_text")}
+        | capped(cfg.eval),
         "seed": cfg.seed, "device": device.type, "cpu_threads": cfg.get("cpu_threads"),
     }
 
@@ -215,7 +225,7 @@ def run_eval(cfg, out_dir: Path) -> dict:
     drafter = registry.build_drafter(cfg.drafter, target)
     round_metrics = registry.drafter_entry(cfg.drafter.name).metrics
     dc = decode_config(cfg.decoding, ev, target)
-    k = drafter.max_drafts if drafter is not None else 0
+    k = drafts_per_round(drafter, dc)
     for s in samples:                   # first turns only: later ones depend on the model's answers
         check_fits(target, s.id, 0, len(target.encode_chat([{"role": "user", "content": s.turns[0]}])), dc, k)
 

@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from .. import benchmarks, registry
+from ..decoding.engine import drafts_per_round
 from ..drafters.dels import DeLSDrafter
 from ..errors import check
 from ..report.tables import summary_markdown
@@ -66,7 +67,7 @@ def grid_cells(grid) -> list[tuple[float, float]]:
 def grid_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc, near_tie: float,
               cells: list[tuple[float, float]]) -> list[tuple]:
     """One turn replayed at every cell: [(generation, near-tie rounds)] in the order of `cells`."""
-    k_max, anchors = drafter.max_drafts, len(ref) - 1
+    k_max, anchors = drafts_per_round(drafter, dc), len(ref) - 1
     ks = [budget(j, k_max, dc) for j in range(anchors)]
     if anchors > 0:
         m = drafter.matches_all(tf["taps"], torch.tensor(prompt + ref), len(prompt) + torch.arange(anchors),

@@ -37,7 +37,7 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from .. import benchmarks, registry
-from ..decoding.engine import DecodeConfig, Generation
+from ..decoding.engine import DecodeConfig, Generation, drafts_per_round
 from ..decoding.tree import follow
 from ..errors import check
 from ..report.tables import summary_markdown
@@ -121,7 +121,7 @@ def replay_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc: Decode
     gen = Generation(prompt_len=prompt_len, tokens=list(ref))
     gen.stop_reason = "stop" if ref and ref[-1] in stops else "length"
     taps, gap = tf["taps"], tf["gap"]
-    k_max = drafter.max_drafts if drafter is not None else 0
+    k_max = drafts_per_round(drafter, dc)
     every, infos = known, None
     if known is None and drafter is not None and batched and hasattr(drafter, "propose_all") and len(ref) > 1:
         ks = torch.tensor([budget(j, k_max, dc) for j in range(len(ref) - 1)])                  # [L-1]
@@ -230,12 +230,15 @@ def build_references(cfg, target, samples, dc: DecodeConfig) -> ReferenceStore:
 
 def run_settings(cfg, refs: ReferenceStore) -> dict:
     """Every setting that changes a replay's results (run.json, eval/store.py)."""
+    from .evaluator import capped
+
     rp, ev = cfg.replay, cfg.eval
     return {
         "mode": "replay", "references": refs.hash,
         "target": {k: v for k, v in OmegaConf.to_container(cfg.target, resolve=True).items() if k != "cache_dir"},
         "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
         "max_new_tokens": ev.max_new_tokens, "near_tie": rp.near_tie, "batched": rp.batched, "save_text": ev.save_text,
+        **capped(ev),
     }
 
 

@@ -1,0 +1,143 @@
+"""How many drafts a round should verify on this machine: online speed of one drafter at each `eval.max_drafts`.
+
+A round costs one drafter pass plus one target pass over the anchor and its k drafts. On a GPU the target pass
+costs about the same for 1 row as for 16; on a CPU it does not (a 1-row pass is a matrix-vector product, a
+k+1-row pass a matrix product that costs about twice as much already at 2 rows), while a weak drafter's later
+drafts are rarely accepted. Capping k keeps the output (greedy: the target's own, checked here token for token
+against AR) and trades τ for a cheaper round.
+
+For each prompt the script decodes greedily with AR and then with the drafter at every cap, interleaved prompt by
+prompt so that a change of machine load hits every variant alike, and prints, per cap: τ (includes the bonus
+token), decode ms per token, ms per round, a round's cost in AR steps, and the speedup (mean TPOT of AR / mean
+TPOT of the variant, as eval/metrics.py defines it) with a 95% bootstrap CI over prompts (paired: every variant
+runs on the same prompts). Choose the cap on the tuning split (`--split tune`), then measure it on the evaluation
+split with the main evaluator (`python -m specexp ... eval.max_drafts=K`).
+
+    python experiments/draft_cap.py --split tune --benchmarks gsm8k --num-samples 5 --threads 2 \
+        --out experiments/results/draft_cap
+
+CPU wall clock: run it on an otherwise idle machine; the load average before and after is recorded.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+import torch  # noqa: E402
+
+
+def setup(args):
+    from hydra import compose, initialize_config_dir
+
+    from specexp import benchmarks, registry
+    from specexp.cli import CONF_DIR
+    from specexp.eval.evaluator import decode_config
+
+    overrides = [f"target={args.target}", f"drafter={args.drafter}", "device=cpu", f"eval.split={args.split}",
+                 f"eval.num_samples={args.num_samples}", f"eval.max_new_tokens={args.max_new_tokens}",
+                 f"benchmark.names=[{','.join(args.benchmarks)}]", *args.overrides]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides)
+    target = registry.build_target(cfg.target, torch.device("cpu"))
+    drafter = registry.build_drafter(registry.fill_default_checkpoints(cfg.drafter, target.name), target)
+    samples = benchmarks.from_config(cfg.benchmark, cfg.eval)
+    prompts = [target.encode_chat([{"role": "user", "content": s.turns[0]}]) for s in samples]
+    return target, drafter, samples, prompts, decode_config(cfg.decoding, cfg.eval, target)
+
+
+def bootstrap_ratio(num: list[float], den: list[float], reps: int = 2000, seed: int = 0) -> list[float]:
+    """95% percentile CI of sum(num) / sum(den), resampling prompts (paired: the same indices for both)."""
+    rng, n, out = random.Random(seed), len(num), []
+    for _ in range(reps):
+        idx = [rng.randrange(n) for _ in range(n)]
+        out.append(sum(num[i] for i in idx) / sum(den[i] for i in idx))
+    out.sort()
+    return [out[int(0.025 * reps)], out[int(0.975 * reps) - 1]]
+
+
+def main() -> None:
+    from dataclasses import replace
+
+    from specexp.decoding.engine import generate
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="smollm2_135m")
+    ap.add_argument("--drafter", default="dflash")
+    ap.add_argument("--benchmarks", nargs="*", default=["gsm8k"])
+    ap.add_argument("--split", default="tune", choices=["tune", "eval"])
+    ap.add_argument("--num-samples", type=int, default=5)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--caps", type=int, nargs="*", default=[1, 2, 3, 4, 5, 7])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("overrides", nargs="*", help="further config overrides (e.g. drafter.checkpoint=DIR)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    target, drafter, samples, prompts, dc = setup(args)
+    caps = sorted({min(c, drafter.max_drafts) for c in args.caps})
+    variants = [("AR", None, None)] + [(f"k={c}", drafter, c) for c in caps]
+    for name, d, cap in variants:                                                     # warm-up, untimed
+        generate(target, d, prompts[0][:64], replace(dc, max_new_tokens=8, max_drafts=cap))
+    per = {name: {"decode_s": [], "tokens": [], "rounds": [], "committed": []} for name, _, _ in variants}
+    load_start, lossless = os.getloadavg()[0], 0
+    for ids in prompts:
+        ref = None
+        for name, d, cap in variants:
+            g = generate(target, d, ids, replace(dc, max_drafts=cap))
+            ref = g.tokens if ref is None else ref
+            lossless += d is not None and g.tokens == ref
+            p = per[name]
+            p["decode_s"].append(g.decode_s)
+            p["tokens"].append(g.decode_tokens)
+            p["rounds"].append(len(g.accept_lengths))
+            p["committed"].append(sum(g.accept_lengths))
+    load_end = os.getloadavg()[0]
+
+    ar = per["AR"]
+    ar_tpot = sum(ar["decode_s"]) / sum(ar["tokens"])
+    rows = []
+    for name, d, cap in variants:
+        p = per[name]
+        tpot = sum(p["decode_s"]) / sum(p["tokens"])
+        # speedup = TPOT(AR) / TPOT(variant); per prompt pair: AR time x variant tokens over variant time x AR tokens
+        num = [a * t for a, t in zip(ar["decode_s"], p["tokens"])]
+        den = [s * t for s, t in zip(p["decode_s"], ar["tokens"])]
+        rows.append({"variant": name, "max_drafts": cap, "tau": sum(p["committed"]) / sum(p["rounds"]),
+                     "ms_per_token": 1000 * tpot, "ms_per_round": 1000 * sum(p["decode_s"]) / sum(p["rounds"]),
+                     "round_in_ar_steps": sum(p["decode_s"]) / sum(p["rounds"]) / ar_tpot,
+                     "speedup": ar_tpot / tpot, "speedup_ci95": bootstrap_ratio(num, den) if d is not None else None})
+    best = max(rows[1:], key=lambda r: r["speedup"])
+    lines = [f"# Drafts per round ({args.drafter} on {args.target}, greedy, {args.split} split, "
+             f"{', '.join(args.benchmarks)}, {len(prompts)} prompts, {args.max_new_tokens} new tokens, "
+             f"{args.threads} thread(s); load {load_start:.1f} → {load_end:.1f})", "",
+             "| variant | τ | ms / token | ms / round | round in AR steps | speedup vs AR [95% CI] |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        ci = f" [{r['speedup_ci95'][0]:.2f}, {r['speedup_ci95'][1]:.2f}]" if r["speedup_ci95"] else ""
+        lines.append(f"| {r['variant']} | {r['tau']:.2f} | {r['ms_per_token']:.1f} | {r['ms_per_round']:.1f} | "
+                     f"{r['round_in_ar_steps']:.2f} | {r['speedup']:.2f}×{ci} |")
+    n_spec = len(prompts) * (len(variants) - 1)
+    lines += ["", f"Greedy output equal to AR's on {lossless} / {n_spec} (prompt, cap) pairs. Fastest here: "
+              f"{best['variant']} ({best['speedup']:.2f}×)."]
+    md = "\n".join(lines) + "\n"
+    print(md)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        stem = f"{args.drafter}-{args.split}"
+        (args.out / f"{stem}.md").write_text(md)
+        (args.out / f"{stem}.json").write_text(json.dumps(
+            {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+             "samples": [s.id for s in samples], "load": [load_start, load_end], "rows": rows,
+             "per_prompt": per}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
