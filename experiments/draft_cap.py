@@ -65,6 +65,8 @@ def bootstrap_ratio(num: list[float], den: list[float], reps: int = 2000, seed: 
 def main() -> None:
     from dataclasses import replace
 
+    from tqdm.auto import tqdm
+
     from specexp.decoding.engine import generate
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -88,7 +90,7 @@ def main() -> None:
         generate(target, d, prompts[0][:64], replace(dc, max_new_tokens=8, max_drafts=cap))
     per = {name: {"decode_s": [], "tokens": [], "rounds": [], "committed": []} for name, _, _ in variants}
     load_start, lossless = os.getloadavg()[0], 0
-    for ids in prompts:
+    for ids in tqdm(prompts, desc=f"{len(variants)} variants per prompt", unit="prompt"):
         ref = None
         for name, d, cap in variants:
             g = generate(target, d, ids, replace(dc, max_drafts=cap))

@@ -323,3 +323,13 @@ def test_draft_cap_times_every_cap_against_ar_and_checks_the_output(tmp_path):
     assert [r["variant"] for r in rows] == ["AR", "k=1", "k=3"]       # 9 is capped at the drafter's K = 3
     assert rows[0]["speedup"] == 1.0 and all(r["tau"] >= 1.0 for r in rows)
     assert "Greedy output equal to AR's on 4 / 4" in out.stdout
+
+
+def test_bench_verify_rows_prints_every_row_count(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench_verify_rows.py"), "--target", "tiny_qwen3",
+                          "--context", "8", "--max-rows", "3", "--reps", "1", "--threads", "1", "--out", str(tmp_path),
+                          "drafter.init=random", "drafter.block_size=3"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads((tmp_path / "verify_rows.json").read_text())
+    assert [x["rows"] for x in r["rows"]] == [1, 2, 3] and r["rows"][0]["draft_ms"] is None
+    assert all(x["draft_ms"] > 0 for x in r["rows"][1:]) and len(r["linear_ms"]["lm_head"]) == 3
