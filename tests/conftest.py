@@ -12,9 +12,11 @@ os.environ.setdefault("SPECEXP_CACHE", str(ROOT / ".cache" / "specexp"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Under pytest-xdist (`-n auto`, what CI runs) each worker, and every CLI process it starts, keeps to its share of
 # the cores: two workers of two threads each on two cores spin against each other and run slower than one.
+# SPECEXP_TEST_THREADS overrides it (e.g. 1, beside a long job that holds the other core).
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-THREADS = max(1, (os.cpu_count() or 2) // WORKERS) if WORKERS > 1 else 2
-if WORKERS > 1:
+THREADS = int(os.environ.get("SPECEXP_TEST_THREADS", 0)) or (
+    max(1, (os.cpu_count() or 2) // WORKERS) if WORKERS > 1 else 2)
+if WORKERS > 1 or "SPECEXP_TEST_THREADS" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 
 import pytest  # noqa: E402
@@ -52,3 +54,12 @@ def tiny_dflash(tiny_target):
 def cfg_factory():
     """Compose the real config at tiny scale; `drafter=none` among the overrides drops the DFlash defaults."""
     return lambda *o: make_cfg([*(BASE if "drafter=none" in o else TINY), *o])
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny matrices: one thread (an OpenMP team on a busy 2-core machine waits more than it computes)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 from helpers import STRONG
 from specexp import benchmarks, registry
@@ -68,4 +67,3 @@ def test_committed_mini_checkpoints_reach_their_cards(cfg_factory, tmp_path, nam
     summary = run_eval(cfg, tmp_path / "run")
     for bench in ("gsm8k", "humaneval"):
         assert summary["benchmarks"][bench]["tau"] == pytest.approx(card["benchmarks"][bench]["tau"], abs=1e-9), bench
-    torch.set_num_threads(2)

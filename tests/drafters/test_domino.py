@@ -4,7 +4,7 @@ protocol B keeps the target distribution, the CUDA-graph path's buffers, and one
 import pytest
 import torch
 
-from helpers import EagerLoop, ToyTarget, _Stateless, chi2_pvalue_against_toy
+from helpers import EagerLoop, ToyTarget, _Stateless, chi2_pvalue_against_toy, micro_target
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters import domino
@@ -13,12 +13,12 @@ from specexp.training.domino_module import DominoLitModule
 from specexp.training.pipeline import lightning_fit
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("alignment", ["unshifted", "shifted"])
-def test_trained_head_reproduces_its_sequence_under_both_alignments(cfg_factory, tiny_target, tmp_path, alignment):
-    t = tiny_target
+def test_trained_head_reproduces_its_sequence_under_both_alignments(cfg_factory, tmp_path, alignment):
+    # A 2,048-token vocabulary: the loss over the vocabulary is what a step costs (Qwen3's made this test slow).
+    t = micro_target(vocab=2048, hidden=64, layers=4, std=0.1)
     g = torch.Generator().manual_seed(1)
-    resp = torch.randperm(3000, generator=g)[:40] + 1000                      # distinct: unique successors
+    resp = torch.randperm(2000, generator=g)[:40] + 40                         # distinct: unique successors
     ids = torch.cat([torch.tensor([1, 2, 3, 4]), resp])
     lm = torch.tensor([0] * 4 + [1] * 40).bool()
     bb = init_weights(DFlashDraftModel(DFlashConfig.for_target(t, 1, 6, None)), 0).requires_grad_(False)

@@ -26,9 +26,8 @@ def _leading(drafts: list[int], seq: list[int], s: int, k: int) -> int:
 
 
 @pytest.mark.parametrize("name", ["dels_rnn", "dels_markov"])
-def test_matches_all_equals_propose_all_at_every_weight_pair(cfg_factory, micro, name):
+def test_matches_all_equals_propose_all_at_every_weight_pair(cfg_factory, micro, name, one_thread):
     """On a sequence that follows the drafter (deep acceptance) under random budgets, across chunk boundaries."""
-    torch.set_num_threads(1)
     d = registry.build_drafter(cfg_factory(f"drafter={name}", *DELS, "drafter.block_size=8").drafter, micro)
     prompt = torch.randint(0, 2047, (12,), generator=torch.Generator().manual_seed(3)).tolist()
     seq = follow_script(micro, d, prompt, 40, seed=1)

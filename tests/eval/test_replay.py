@@ -295,15 +295,6 @@ def micro():
     return micro_target(vocab=2048, hidden=32, layers=2)
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny matrices: one thread (an OpenMP team on a busy 2-core machine waits more than it computes)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _variant(cfg_factory, t, name):
     if name in DEDIT:
         model = init_weights(DFlashDraftModel(DFlashConfig.for_target(t, 1, 8, None)), 0, 0.3)

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from helpers import micro_target
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters.dflash import DFlashDrafter, DFlashDraftModel, init_weights
 from specexp.training import data as D
@@ -12,14 +13,16 @@ from specexp.training import pipeline
 from specexp.training.dflash_module import DFlashLitModule, drafter_config
 
 
-@pytest.mark.slow
-def test_memorising_one_sequence_drafts_it(cfg_factory, tiny_target, tmp_path):
-    t = tiny_target
-    ids = t.encode_chat([{"role": "user", "content": "Tell me a story about a lighthouse."}])
+def test_memorising_one_sequence_drafts_it(cfg_factory, tmp_path):
+    """On a real (HF Qwen3) target of a 2,048-token vocabulary: the loss over the vocabulary is what a training step
+    costs, and the full Qwen3 vocabulary of tiny_qwen3 made this test the suite's slowest."""
+    t = micro_target(vocab=2048, hidden=64, layers=4, std=0.1)
+    ids = torch.randint(0, 2047, (24,), generator=torch.Generator().manual_seed(0)).tolist()
     ref = generate(t, None, ids, DecodeConfig(max_new_tokens=48))
     seq = D.Sequence("one", torch.tensor(ids + ref.tokens), torch.tensor([0] * len(ids) + [1] * 48).bool())
     cfg = cfg_factory("task=train", "train=smoke", "drafter.block_size=8", "train.num_anchors=12",
-                      "train.max_steps=300", "train.epochs=1000", "train.lr=3e-3", "train.ckpt_every=1000")
+                      "drafter.target_layer_ids=[0,3]", "train.max_steps=300", "train.epochs=1000", "train.lr=3e-3",
+                      "train.ckpt_every=1000")
     config, _ = drafter_config(cfg.drafter, t)
     tc = cfg.train
     module = DFlashLitModule(init_weights(DFlashDraftModel(config), tc.seed), t, num_anchors=tc.num_anchors, gamma=4.0,
