@@ -23,8 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 from pathlib import Path
+from statistics import fmean
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -52,14 +52,22 @@ def setup(args):
     return target, drafter, samples, prompts, decode_config(cfg.decoding, cfg.eval, target)
 
 
-def bootstrap_ratio(num: list[float], den: list[float], reps: int = 2000, seed: int = 0) -> list[float]:
-    """95% percentile CI of sum(num) / sum(den), resampling prompts (paired: the same indices for both)."""
-    rng, n, out = random.Random(seed), len(num), []
-    for _ in range(reps):
-        idx = [rng.randrange(n) for _ in range(n)]
-        out.append(sum(num[i] for i in idx) / sum(den[i] for i in idx))
-    out.sort()
-    return [out[int(0.025 * reps)], out[int(0.975 * reps) - 1]]
+def table(per: dict) -> list[dict]:
+    """One row per variant from the per-prompt timings, by eval/metrics.py's formulas (τ: mean over prompts; speedup:
+    mean AR TPOT / mean TPOT, with its paired bootstrap CI)."""
+    from specexp.eval import metrics
+
+    ar, rows = per["AR"], []
+    ar_tpot = [metrics.tpot(s, n) for s, n in zip(ar["decode_s"], ar["tokens"])]
+    for name, p in per.items():
+        recs = [{"accept_lengths": [c / r], "tpot": metrics.tpot(s, n), "ar_tpot": a}
+                for c, r, s, n, a in zip(p["committed"], p["rounds"], p["decode_s"], p["tokens"], ar_tpot)]
+        ms_round = 1000 * sum(p["decode_s"]) / sum(p["rounds"])
+        rows.append({"variant": name, "tau": metrics.tau(recs), "ms_per_token": 1000 * fmean(r["tpot"] for r in recs),
+                     "ms_per_round": ms_round, "round_in_ar_steps": ms_round / 1000 / fmean(ar_tpot),
+                     "speedup": metrics.speedup(recs),
+                     "speedup_ci95": metrics.speedup_ci95(recs) if name != "AR" else None})
+    return rows
 
 
 def main() -> None:
@@ -103,19 +111,7 @@ def main() -> None:
             p["committed"].append(sum(g.accept_lengths))
     load_end = os.getloadavg()[0]
 
-    ar = per["AR"]
-    ar_tpot = sum(ar["decode_s"]) / sum(ar["tokens"])
-    rows = []
-    for name, d, cap in variants:
-        p = per[name]
-        tpot = sum(p["decode_s"]) / sum(p["tokens"])
-        # speedup = TPOT(AR) / TPOT(variant); per prompt pair: AR time x variant tokens over variant time x AR tokens
-        num = [a * t for a, t in zip(ar["decode_s"], p["tokens"])]
-        den = [s * t for s, t in zip(p["decode_s"], ar["tokens"])]
-        rows.append({"variant": name, "max_drafts": cap, "tau": sum(p["committed"]) / sum(p["rounds"]),
-                     "ms_per_token": 1000 * tpot, "ms_per_round": 1000 * sum(p["decode_s"]) / sum(p["rounds"]),
-                     "round_in_ar_steps": sum(p["decode_s"]) / sum(p["rounds"]) / ar_tpot,
-                     "speedup": ar_tpot / tpot, "speedup_ci95": bootstrap_ratio(num, den) if d is not None else None})
+    rows = table(per)
     best = max(rows[1:], key=lambda r: r["speedup"])
     lines = [f"# Drafts per round ({args.drafter} on {args.target}, greedy, {args.split} split, "
              f"{', '.join(args.benchmarks)}, {len(prompts)} prompts, {args.max_new_tokens} new tokens, "

@@ -209,6 +209,17 @@ def tau_ci95(by_bench: dict[str, list[dict]]) -> tuple[dict[str, list[float] | N
     return per, macro_ci
 
 
+def speedup_ci95(records: list[dict]) -> list[float] | None:
+    """95% bootstrap CI of `speedup` over the records (turns), each resampled with its own AR baseline (paired)."""
+    import torch
+
+    pairs = [(r["ar_tpot"], r["tpot"]) for r in records if r.get("ar_tpot") and r.get("tpot")]
+    if not pairs:
+        return None
+    ar, spec = (torch.tensor(x, dtype=torch.float64) for x in zip(*pairs))                 # [P], [P]
+    return _percentiles(_resampled_tau(ar, spec, _draws(len(pairs), torch.Generator().manual_seed(BOOTSTRAP_SEED))))
+
+
 def _paired(a: list[dict], b: list[dict], generator):
     """One benchmark, the prompts both runs have: the summary row and the replicates of Δτ `[R]`."""
     import torch
