@@ -7,11 +7,14 @@ import sys
 import pytest
 import transformers
 from conftest import ROOT
+from omegaconf import OmegaConf
 
 from specexp.cli import groups
 from specexp.errors import UserError
 from specexp.eval import evaluator
 
+# The keys the default eval config defines: the error lists them all, sorted.
+EVAL_KEYS = OmegaConf.load(ROOT / "conf" / "eval" / "mini.yaml").keys()
 CONTRACT = {"num_samples", "tau", "tau_ci95", "speedup", "tpot_ms", "tpot_ar_ms", "accept_rate_per_position",
             "tau_histogram", "lossless_mismatches"}
 
@@ -52,7 +55,7 @@ def test_issue_command_writes_the_contract(tmp_path):
 @pytest.mark.parametrize("args, expected", [
     (["drafter=foo"], "drafter=foo is not an option; choose one of: " + ", ".join(groups()["drafter"])),
     (["target=qwen3_9b"], "choose one of: hf, qwen3_4b, qwen3_8b, smollm2_135m, tiny_qwen3"),
-    (["eval.nums=3"], "unknown key 'eval.nums'; valid keys under 'eval': check_lossless, max_new_tokens"),
+    (["eval.nums=3"], "unknown key 'eval.nums'; valid keys under 'eval': " + ", ".join(sorted(EVAL_KEYS))),
     (["drafter=dflash", "drafter.checkpoint=/nonexistent/ckpt", "target=tiny_qwen3", "drafter.init=checkpoint",
       "benchmark=gsm8k", "eval.num_samples=1"], "drafter.checkpoint='/nonexistent/ckpt': no such directory"),
 ])

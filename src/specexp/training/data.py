@@ -303,7 +303,9 @@ class FeatureCache:
                 continue
             taps = []
             for i in members:
-                _, t = target.forward(seqs[i].ids[None].to(target.device), 0, target.new_cache(), taps=layer_ids)
+                # last_only: the taps need no logits, and [S, V] of them cost a fifth of a SmolLM2 pass
+                _, t = target.forward(seqs[i].ids[None].to(target.device), 0, target.new_cache(), taps=layer_ids,
+                                      last_only=True)
                 taps.append(t[0].to(dtype).cpu())                                    # [S, n*H]
                 bar.update(len(seqs[i].ids))
             tensors = {"taps": torch.cat(taps), "ids": torch.cat([seqs[i].ids for i in members]),
@@ -381,7 +383,8 @@ def step_taps(batch: dict, target, layer_ids, device) -> torch.Tensor:
     if taps is not None:
         return taps.to(device)
     with torch.no_grad():
-        _, taps = target.forward(batch["ids"].to(device)[None], 0, target.new_cache(), taps=list(layer_ids))
+        _, taps = target.forward(batch["ids"].to(device)[None], 0, target.new_cache(), taps=list(layer_ids),
+                                 last_only=True)
     return taps[0].clone()
 
 
