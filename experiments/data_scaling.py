@@ -11,6 +11,9 @@ points (experiments/results/data_scaling/; about 3.5 h of training, busy, on one
           eval.num_samples=50 eval.max_new_tokens=128 hydra.run.dir=runs/scale/replay-$n \\
           replay.references=experiments/results/replay_mini/references-smollm2_135m-128tok-50.json.gz
     done
+    # the fifth point: every answer of data=mini_regen_xl (1.03M response tokens; ~75 min of training on 2 idle
+    # cores of that CPU after ~50 min of target taps), then its replay as above with tag xl
+    python -m specexp experiment=mini_dflash_scale data=mini_regen_xl cpu_threads=2 hydra.run.dir=runs/scale/train-xl
     python experiments/data_scaling.py --collect runs/scale --out experiments/results/data_scaling
     python experiments/data_scaling.py experiments/results/data_scaling/points/* --out experiments/results/data_scaling
 
@@ -22,6 +25,7 @@ benchmarks). τ includes the bonus token. Never imported by the library.
 import argparse
 import gzip
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -64,7 +68,9 @@ def point(d: Path) -> dict:
         sub = {b: by_bench[b] for b in names if b in by_bench}
         taus = [summary["benchmarks"][b]["tau"] for b in sub]
         fams[fam] = (sum(taus) / len(taus), tau_ci95(sub)[1]) if taus else (None, None)
+    data = re.search(r"(?:^|\s)data=(\S+)", card.get("command", ""))       # the experiment's own default otherwise
     return {"dir": d, "tokens": card["response_tokens"], "sequences": card["sequences"], "steps": card["steps"],
+            "data": data.group(1) if data else "mini_regen",
             "epochs": card["train"]["epochs"], "seconds": card["train_seconds"], "summary": summary, "families": fams}
 
 
@@ -81,13 +87,15 @@ def table(points: list[dict]) -> str:
             f"Greedy, {s0['max_new_tokens']} new tokens; prompts per benchmark: "
             + ", ".join(f"{b} {k}" for b, k in n.items())
             + ". Each point trains the same recipe (`conf/experiment/mini_dflash_scale.yaml`) on a nested random "
-              "subset of the shipped answers; families: "
+              "subset of the data config's answers or all of them (`data=mini_regen_xl` holds every `data=mini_regen` "
+              "answer plus more GSM8K-train and ShareGPT ones, so its mix differs); families: "
             + "; ".join(f"{f} = {', '.join(v)}" for f, v in benchmarks.families().items()) + ".", "",
-            "| response tokens | sequences | epochs | steps | train time | " + " | ".join(fams) + " | macro |",
-            "|---:|---:|---:|---:|---:|" + "---:|" * (len(fams) + 1)]
+            "| response tokens | data | sequences | epochs | steps | train time | " + " | ".join(fams) + " | macro |",
+            "|---:|---|---:|---:|---:|---:|" + "---:|" * (len(fams) + 1)]
     for p in points:
         m = p["summary"]["macro"]
-        rows.append(f"| {p['tokens']:,} | {p['sequences']:,} | {p['epochs']} | {p['steps']:,} | {p['seconds']:.0f} s | "
+        rows.append(f"| {p['tokens']:,} | {p['data']} | {p['sequences']:,} | {p['epochs']} | {p['steps']:,} | "
+                    f"{p['seconds']:.0f} s | "
                     + " | ".join(f"{p['families'][f][0]:.3f} {ci(p['families'][f][1])}" for f in fams)
                     + f" | **{m['tau']:.3f}** {ci(m.get('tau_ci95'))} |")
     rows += ["", "Per benchmark:", "", "| response tokens | " + " | ".join(names) + " |",

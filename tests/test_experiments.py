@@ -197,7 +197,8 @@ def test_dels_table7_learned_alpha_beta(tmp_path):
 
 
 def test_data_scaling_table_and_figure(tmp_path):
-    """Family τ = the mean of its benchmarks' τ (with a bootstrap CI); points sorted by training tokens."""
+    """Family τ = the mean of its benchmarks' τ (with a bootstrap CI); points sorted by training tokens; each point's
+    data config read from its command (the experiment's data=mini_regen without an override)."""
     import gzip
 
     for tokens, taus in ((200_000, {"gsm8k": [2, 3], "mbpp": [2, 2], "mt_bench": [1, 2]}),
@@ -205,7 +206,8 @@ def test_data_scaling_table_and_figure(tmp_path):
         d = tmp_path / "points" / str(tokens)
         (d / "replay").mkdir(parents=True)
         card = {"response_tokens": tokens, "sequences": tokens // 200, "steps": tokens // 100,
-                "train": {"epochs": 2}, "train_seconds": 12.0}
+                "train": {"epochs": 2}, "train_seconds": 12.0,
+                "command": "python -m specexp experiment=mini_dflash_scale" + (" data=mini_regen_xl" * (tokens > 1e5))}
         (d / "card.json").write_text(json.dumps(card))
         recs = [{"id": f"{b}-{i}", "benchmark": b, "turn": 0, "accept_lengths": [a, a]}
                 for b, al in taus.items() for i, a in enumerate(al)]
@@ -219,7 +221,8 @@ def test_data_scaling_table_and_figure(tmp_path):
                           *map(str, sorted((tmp_path / "points").iterdir())), "--out", str(tmp_path)],
                          capture_output=True, text=True, check=True).stdout
     rows = [r for r in out.splitlines() if r.startswith("| 50,000") or r.startswith("| 200,000")]
-    assert rows[0].startswith("| 50,000 | 250 | 2 | 500 |")            # sorted by tokens
+    assert rows[0].startswith("| 50,000 | mini_regen | 250 | 2 | 500 |")            # sorted by tokens
+    assert rows[1].startswith("| 200,000 | mini_regen_xl | 1,000 | 2 | 2,000 |")
     assert "| 2.500 [2.000, 3.000] | 2.000 [2.000, 2.000] | 1.500 [1.000, 2.000] | **2.000**" in rows[1]
     assert (tmp_path / "scaling.png").stat().st_size > 10_000
 
