@@ -33,6 +33,15 @@ def test_speedup_is_a_ratio_of_means():
     assert M.macro({"x": s, "y": {**s, "tau": 4.0, "speedup": None}}) == {"tau": (2 + 4) / 2, "speedup": 1.5}
 
 
+def test_speedup_ci_brackets_the_speedup_at_millisecond_tpots():
+    # TPOTs of a few ms sum to well under a second: the CI is a ratio of seconds, not of turn counts
+    r = [rec([2], [3], tpot=0.07 + 0.002 * i, ar=0.06 + 0.001 * i, id=str(i)) for i in range(10)]
+    lo, hi = M.speedup_ci95(r)
+    assert lo < M.speedup(r) < hi and hi - lo < 0.05
+    fast = [{**x, "tpot": x["tpot"] / 1000, "ar_tpot": x["ar_tpot"] / 1000} for x in r]    # units cancel
+    assert M.speedup_ci95(fast) == pytest.approx([lo, hi])
+
+
 def test_near_tie_gaps_and_lossless_counts():
     import torch
 

@@ -160,11 +160,12 @@ def _per_prompt(records: list[dict]) -> dict[str, tuple[float, int]]:
 
 
 def _resampled_tau(sums, counts, idx):
-    """τ of each replicate: `sums`, `counts` `[P]`, `idx` `[R, P]` resampled prompt indices → `[R]` (nan if no turn)."""
+    """τ of each replicate: `sums`, `counts` `[P]`, `idx` `[R, P]` resampled prompt indices → `[R]` (nan if no turn).
+    Also the ratio of summed seconds for `speedup_ci95`, so `counts` need not be integers (nor ≥ 1 in sum)."""
     import torch
 
     num, den = sums[idx].sum(1), counts[idx].sum(1)                                    # [R], [R]
-    return torch.where(den > 0, num / den.clamp(min=1), torch.full_like(num, float("nan")))
+    return torch.where(den > 0, num / torch.where(den > 0, den, 1.0), torch.full_like(num, float("nan")))
 
 
 def _draws(n_prompts: int, generator):
