@@ -11,8 +11,8 @@ points (experiments/results/data_scaling/; about 3.5 h of training, busy, on one
           eval.num_samples=50 eval.max_new_tokens=128 hydra.run.dir=runs/scale/replay-$n \\
           replay.references=experiments/results/replay_mini/references-smollm2_135m-128tok-50.json.gz
     done
-    # the fifth point: every answer of data=mini_regen_xl (1.03M response tokens; ~75 min of training on 2 idle
-    # cores of that CPU after ~50 min of target taps), then its replay as above with tag xl
+    # the fifth point: every answer of data=mini_regen_xl (1.00M response tokens after the length filter; 53 min
+    # of target taps, then 131 min of training with 2 threads, busy), then its replay as above with tag xl
     python -m specexp experiment=mini_dflash_scale data=mini_regen_xl cpu_threads=2 hydra.run.dir=runs/scale/train-xl
     python experiments/data_scaling.py --collect runs/scale --out experiments/results/data_scaling
     python experiments/data_scaling.py experiments/results/data_scaling/points/* --out experiments/results/data_scaling
@@ -39,7 +39,7 @@ REPLAY_FILES = ("summary.json", "summary.md", "config.yaml", "run.json")
 
 def collect(src: Path, out: Path) -> None:
     """Copy each `train-N` card and `replay-N` run under `src` into `out/points/N/` (samples gzipped)."""
-    for train in sorted(src.glob("train-*")):
+    for train in sorted(t for t in src.glob("train-*") if t.is_dir()):       # not the train-N.log files
         tag = train.name.split("-", 1)[1]
         replay = src / f"replay-{tag}"
         if not (train / "train_summary.json").exists() or not (replay / "summary.json").exists():

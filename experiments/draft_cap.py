@@ -134,6 +134,7 @@ def main() -> None:
         (args.out / f"{stem}.json").write_text(json.dumps(
             {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
              "samples": [s.id for s in samples], "load": [load_start, load_end], "rows": rows,
+             "lossless": [lossless, n_spec],
              "per_prompt": per}, indent=1))
 
 
