@@ -16,6 +16,9 @@ task=eval writes, samples gzipped):
                        dedit-W<n> (window width)
   online/<name>/       one online task=eval run per drafter on GSM8K (CPU speedup column)
   cards/<name>.json    training cards (train_seconds, peak memory) of dels_rnn and domino_ft
+  xl/                  the same layout beside the 1.0M-token backbone (checkpoints/mini/smollm2_135m-dflash-b8-xl):
+                       grid/, grid_markov/, eval/{dflash,dels_rnn,dels_rnn-beta0,dels_rnn-a0.3_b0.3,dels_markov};
+                       the same heads, α/β chosen again on its tune split; a second table of the claims it decides
 The commands that produce them are in the folder's README. A claim whose inputs are missing reads "not measured"
 and names them; nothing is filled in by hand.
 
@@ -355,8 +358,8 @@ def tau_table(x: Inputs) -> list[str]:
     ev = x.path("eval/")
     # the DEdit variants after DEdit (E2 is eval/dedit, the default passes, under a second name)
     variants = sorted(p.name for p in ev.glob("dedit-*") if p.name != "dedit-E2") if ev.is_dir() else []
-    for name in ("dflash", "dflash_continued", "dels_rnn", "dels_markov", "dels_rnn-beta0", "dels_rnn-learned",
-                 "domino_ft", "dedit", *variants):
+    for name in ("dflash", "dflash_continued", "dels_rnn", "dels_markov", "dels_rnn-beta0", "dels_rnn-a0.3_b0.3",
+                 "dels_rnn-learned", "domino_ft", "dedit", *variants):
         try:
             s = x.summary(f"eval/{name}")
         except Missing:
@@ -428,6 +431,19 @@ def collect(src: Path, root: Path) -> None:
                 shutil.copy2(grid / name, root / grid.name / name)
 
 
+def decidable(x: Inputs, title: str, blurb: str) -> list[str]:
+    """A section of the claims that another set of runs can decide (the others are left out)."""
+    lines = [title, "", blurb, "", "| source | claim | measured effect [95% CI] | verdict |", "|---|---|---|---|"]
+    for source, claim, fn in CLAIMS:
+        try:
+            effect, verdict = fn(x)
+        except Missing:
+            continue
+        lines.append(f"| {source} | {claim} | {effect} | {verdict} |")
+    taus = tau_table(x)
+    return lines + ["", *(["τ of these runs (eval split):", "", *taus, ""] if taus else [])]
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--collect", type=Path, default=None,
@@ -456,20 +472,17 @@ def main(argv=None) -> None:
         counts[verdict] = counts.get(verdict, 0) + 1
         lines.append(f"| {source} | {claim} | {effect} | {verdict} |")
     lines += ["", "Verdicts: " + ", ".join(f"{v} {n}" for v, n in sorted(counts.items())), ""]
+    if (args.root / "xl").is_dir():
+        lines += decidable(Inputs(args.root / "xl"), "## The same claims beside the 1.0M-token backbone (`xl/`)",
+                           "`checkpoints/mini/smollm2_135m-dflash-b8-xl` (the last point of the data-scaling curve) "
+                           "with the same committed heads, α/β chosen again on the tune split, the same eval prompts. "
+                           "Claims these runs cannot decide are left out.")
     if args.previous is not None and args.previous.is_dir():
-        prev = Inputs(args.root, evals=args.previous)
-        lines += [f"## The same claims on the previous mini drafters (`{args.previous.name}`)", "",
-                  "The 38k-token DFlash backbone with heads, Domino-FT and DEdit trained beside it; α = β = 0.3 "
-                  "throughout (not chosen on a tuning split), 50 eval prompts per benchmark (all 30 of AIME25), 128 "
-                  "new tokens. Claims these runs cannot decide are left out.", "",
-                  "| source | claim | measured effect [95% CI] | verdict |", "|---|---|---|---|"]
-        for source, claim, fn in CLAIMS:
-            try:
-                effect, verdict = fn(prev)
-            except Missing:
-                continue
-            lines.append(f"| {source} | {claim} | {effect} | {verdict} |")
-        lines.append("")
+        lines += decidable(Inputs(args.root, evals=args.previous),
+                           f"## The same claims on the previous mini drafters (`{args.previous.name}`)",
+                           "The 38k-token DFlash backbone with heads, Domino-FT and DEdit trained beside it; α = β = "
+                           "0.3 throughout (not chosen on a tuning split), 50 eval prompts per benchmark (all 30 of "
+                           "AIME25), 128 new tokens. Claims these runs cannot decide are left out.")
     taus = tau_table(x)
     if taus:
         lines += ["## τ of the runs (eval split, family = unweighted mean of its benchmarks)", "", *taus, ""]

@@ -291,6 +291,27 @@ def test_mini_claims_verdicts_follow_the_paired_cis(tmp_path):
     assert "= 12.0×" in cheaper and cheaper.endswith("| reproduced |")      # per anchored block, not 3× raw
 
 
+def test_mini_claims_xl_section_reads_its_own_runs(tmp_path):
+    """Runs under xl/ (another backbone) get a section of their own, with the claims they decide: here DeLS below
+    DFlash on every prompt there (contradicted) while the main table, from the root's runs, reproduces it."""
+    base = {"gsm8k": [2, 2, 3, 2], "humaneval": [2, 1, 2, 2], "mt_bench": [1, 1, 2, 1]}
+    up = {k: [a + 1 for a in v] for k, v in base.items()}
+    _claims_run(tmp_path / "eval" / "dflash", base)
+    _claims_run(tmp_path / "eval" / "dels_rnn", up)
+    _claims_run(tmp_path / "xl" / "eval" / "dflash", up)
+    _claims_run(tmp_path / "xl" / "eval" / "dels_rnn", base)
+    out = tmp_path / "claims.md"
+    subprocess.run([sys.executable, str(ROOT / "experiments" / "mini_claims.py"), "--root", str(tmp_path),
+                    "--out", str(out), "--previous", str(tmp_path / "none")], capture_output=True, text=True,
+                   check=True)
+    main, xl = out.read_text().split("## The same claims beside the 1.0M-token backbone")
+    claim = "| DeLS-Spec beats DFlash on every benchmark |"
+    row = lambda text: next(r for r in text.splitlines() if claim in r)  # noqa: E731
+    assert row(main).endswith("| reproduced |") and row(xl).endswith("| contradicted |")
+    assert "the RNN head beats the Markov head" not in xl.split("τ of these runs")[0]     # no Markov run there
+    assert "| dels_rnn | 1.750 " in xl and "| dflash | 2.750 " in xl                    # its own τ table
+
+
 def test_mini_claims_proposal_mix_counts_the_recorded_edit_outcomes(tmp_path):
     """Harmful edits per round come from the per-round edit_outcomes of the replays' records: ProposalMix with 1
     harmful round of 6 per prompt against plain mix with 3 of 6 is a third (reproduced); the same counts in both
