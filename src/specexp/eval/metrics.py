@@ -165,7 +165,7 @@ def _resampled_tau(sums, counts, idx):
     import torch
 
     num, den = sums[idx].sum(1), counts[idx].sum(1)                                    # [R], [R]
-    return torch.where(den > 0, num / torch.where(den > 0, den, 1.0), torch.full_like(num, float("nan")))
+    return torch.where(den > 0, num / den, torch.full_like(num, float("nan")))          # x / 0 is replaced
 
 
 def _draws(n_prompts: int, generator):
