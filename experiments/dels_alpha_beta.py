@@ -1,5 +1,6 @@
 """DeLS-Spec paper Figure 2: τ over the α/β grid of a sweep, as three panels (PNG) and a markdown table.
-Reads DIR/*/summary.json + config.yaml of a Hydra multirun; never imported by the library.
+Reads DIR/*/summary.json + config.yaml of a Hydra multirun (or of its cells.tar.xz, experiments/archive.py); never
+imported by the library.
 
     python -m specexp -m --config-dir sweeps --config-name dels_alpha_beta     # -> multirun/dels_alpha_beta
     python experiments/dels_alpha_beta.py multirun/dels_alpha_beta [--metric tau|speedup]
@@ -14,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+import archive
 import yaml
 
 from specexp.report import plots
@@ -23,7 +25,7 @@ CIS: dict[tuple[float, float], list[float]] = {}    # macro τ 95% CIs of the ce
 
 def load(sweep: Path, metric: str) -> dict[tuple[float, float], float]:
     grid = {}
-    for d in sorted(p for p in sweep.iterdir() if (p / "summary.json").exists()):
+    for d in sorted(p for p in archive.cells(sweep).iterdir() if (p / "summary.json").exists()):
         fusion = yaml.safe_load((d / "config.yaml").read_text())["fusion"]
         s = json.loads((d / "summary.json").read_text())
         value = s["macro"].get(metric)                  # replay summaries have no speedup
@@ -82,7 +84,7 @@ def main(argv=None):
     if not grid:
         sys.exit(f"{args.sweep}: no finished runs with a scalar α/β and a {args.metric} (summary.json + config.yaml)")
     alphas, betas = sorted({a for a, _ in grid}), sorted({b for _, b in grid})
-    first = next(p for p in sorted(args.sweep.iterdir()) if (p / "summary.json").exists())
+    first = next(p for p in sorted(archive.cells(args.sweep).iterdir()) if (p / "summary.json").exists())
     s = json.loads((first / "summary.json").read_text())
     title = (f"DeLS-Spec α/β grid: {s['drafter']} on {s['target']}, {s['decoding']['protocol']}, "
              f"{len(s['benchmarks'])} benchmarks, {s['max_new_tokens']} new tokens")

@@ -7,7 +7,8 @@ summaries only (never imported by the library):
 
 Inputs, under `--root` (default experiments/results/mini_claims/; every run directory holds what task=replay or
 task=eval writes, samples gzipped):
-  grid/a<α>_b<β>/      the α/β grid of the DeLS-RNN head on the TUNE split (task=replay replay.fusion_grid...)
+  grid/a<α>_b<β>/      the α/β grid of the DeLS-RNN head on the TUNE split (task=replay replay.fusion_grid...);
+                       kept as one grid/cells.tar.xz (experiments/archive.py, read as the directories)
   grid_markov/...      the same for the Markov head (optional: RNN > Markov then uses each head's best cell)
   eval/<name>/         replays on the EVAL split (50 prompts per benchmark, all 30 of AIME25, 128 new tokens):
                        dflash, dflash_continued (the control), dels_rnn, dels_markov (at the weights chosen
@@ -34,6 +35,7 @@ import argparse
 import json
 from pathlib import Path
 
+import archive
 import torch
 
 from specexp import benchmarks
@@ -59,7 +61,10 @@ class Inputs:
     def path(self, rel: str) -> Path:
         if self.evals is not None and rel.startswith("eval/"):
             return self.evals / rel.removeprefix("eval/")
-        return self.root / rel
+        d = self.root / rel
+        if not d.exists() and (d.parent / archive.ARCHIVE).exists():      # a cell of an archived grid
+            return archive.cells(d.parent) / d.name
+        return d
 
     def run(self, rel: str) -> dict[str, list[dict]]:
         """A run's records grouped by benchmark (in the run's benchmark order)."""
@@ -93,7 +98,7 @@ class Inputs:
         if not d.is_dir() or self.evals is not None:      # another set of eval runs: not this grid's drafters
             raise Missing(rel)
         out = {}
-        for c in sorted(d.iterdir()):
+        for c in sorted(archive.cells(d).iterdir()):
             if (c / "summary.json").exists() and (c / "config.yaml").exists():
                 f = yaml.safe_load((c / "config.yaml").read_text())["fusion"]
                 out[(float(f["alpha"]), float(f["beta"]))] = f"{rel}/{c.name}"
@@ -402,9 +407,9 @@ KEPT = ("summary.json", "summary.md", "config.yaml", "run.json")
 
 def collect(src: Path, root: Path) -> None:
     """Copy the finished runs under `src` (src/eval/<name>, src/grid/<cell>, src/online/<name>, ...: any directory
-    with a summary.json two levels down) into `root`, samples gzipped (mtime 0: the archive is reproducible); the
-    grid cells' samples without their texts and token ids, and without run.json / summary.md (what τ and paired
-    comparisons read is kept). Also the
+    with a summary.json two levels down) into `root`, samples gzipped (mtime 0: the archive is reproducible) without
+    their texts and token ids (text_sha256 stays); the grid cells without run.json / summary.md (what τ and paired
+    comparisons read is kept), each grid packed into one cells.tar.xz (experiments/archive.py). Also the
     grid's own files (grid.md, the Figure 2 panels of experiments/dels_alpha_beta.py)."""
     import gzip
     import shutil
@@ -417,10 +422,9 @@ def collect(src: Path, root: Path) -> None:
         for name in KEPT:
             if (run / name).exists() and not (grid and name in ("run.json", "summary.md")):
                 shutil.copy2(run / name, dst / name)
-        lines = (run / "samples.jsonl").read_text().splitlines()
-        if grid:                                    # 121 cells: the per-turn accept lengths, not the texts and tokens
-            lines = [json.dumps({k: v for k, v in json.loads(x).items() if k not in ("text", "tokens")})
-                     for x in lines]
+        # the per-turn accept lengths, not the texts and tokens (a replay's are its references', kept once beside them)
+        lines = [json.dumps({k: v for k, v in json.loads(x).items() if k not in ("text", "tokens")})
+                 for x in (run / "samples.jsonl").read_text().splitlines()]
         with gzip.GzipFile(dst / "samples.jsonl.gz", "wb", mtime=0) as g:
             g.write("".join(x + "\n" for x in lines).encode())
         print(f"collected {run} -> {dst}")
@@ -429,6 +433,8 @@ def collect(src: Path, root: Path) -> None:
             if (grid / name).exists():
                 (root / grid.name).mkdir(parents=True, exist_ok=True)
                 shutil.copy2(grid / name, root / grid.name / name)
+        if (root / grid.name).is_dir() and any((c / "summary.json").exists() for c in (root / grid.name).iterdir()):
+            print(f"packed {root / grid.name / archive.ARCHIVE}: {archive.pack(root / grid.name):,} bytes")
 
 
 def decidable(x: Inputs, title: str, blurb: str) -> list[str]:

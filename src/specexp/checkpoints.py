@@ -1,6 +1,13 @@
 """Checkpoint I/O for every drafter and head: one directory = `config.json` + `model.safetensors` (or shards
 named by `model.safetensors.index.json`), plus whatever files a drafter keeps beside them (prior, card).
 
+- Any safetensors file may instead be stored xz-compressed beside its name (`model.safetensors.xz`): the exact
+  bytes of the safetensors file, compressed losslessly (the committed mini checkpoints are, to keep the repository
+  small; `scripts/pack_checkpoint.py` writes them, `xz -dk` restores the plain file). The plain file wins when
+  both exist. Nothing but the safetensors format is ever parsed from the decompressed bytes.
+- A checkpoint whose weights were left out of the repository names the command that rebuilds them: its
+  `card.json` key `rebuild`.
+
 - Loads are strict: a missing, unexpected or misshapen tensor, an unreadable file or a config that is not a
   JSON object is one `UserError` line naming the directory (`where`) and the fault. Safetensors only: no pickle
   is ever read.
@@ -10,7 +17,9 @@ named by `model.safetensors.index.json`), plus whatever files a drafter keeps be
 from __future__ import annotations
 
 import json
+import lzma
 import os
+import struct
 from pathlib import Path
 
 import torch
@@ -18,6 +27,47 @@ import torch
 from .errors import UserError, check
 
 CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = "config.json", "model.safetensors", "model.safetensors.index.json"
+XZ = ".xz"
+
+
+def stored(file: Path) -> Path | None:
+    """The file on disk behind a safetensors name: itself, else its `.xz` form, else None."""
+    for f in (file, file.with_name(file.name + XZ)):
+        if f.is_file():
+            return f
+    return None
+
+
+def read_tensors(file: str | os.PathLike, where: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors, metadata) of one safetensors file, plain or `.xz`; unreadable or absent: one `UserError` line."""
+    from safetensors.torch import load, load_file
+
+    file = Path(file)
+    on_disk = stored(file)
+    check(on_disk is not None, f"{where}: no {file.name} (nor {file.name}{XZ})")
+    try:
+        if on_disk == file:
+            with file.open("rb") as fh:
+                header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
+            return load_file(file), header.get("__metadata__") or {}
+        data = lzma.decompress(on_disk.read_bytes())
+        header = json.loads(data[8: 8 + struct.unpack("<Q", data[:8])[0]])
+        return load(data), header.get("__metadata__") or {}
+    except Exception as e:                             # a torn or foreign file: safetensors raises many types
+        raise UserError(f"{where}: cannot read {on_disk.name} ({type(e).__name__}: {e})") from None
+
+
+def _missing_weights(path: Path, where: str) -> str:
+    """The one line for a directory without weights; names the rebuild command when the card has one."""
+    card = path / "card.json"
+    try:
+        rebuild = json.loads(card.read_text()).get("rebuild") if card.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        rebuild = None
+    if rebuild:
+        return (f"{where}: its weights are not in this checkout (kept out of the repository for size); "
+                f"build them with `{rebuild}`")
+    return f"{where}: no {WEIGHTS_FILE} (nor {INDEX_FILE})"
 
 
 def replace_atomic(final: Path, write) -> None:
@@ -48,7 +98,7 @@ def shards(path: Path, where: str) -> list[str]:
     """The weight files of a checkpoint directory: the single file, or the shards its index names (validated)."""
     index = path / INDEX_FILE
     if not index.exists():
-        check((path / WEIGHTS_FILE).exists(), f"{where}: no {WEIGHTS_FILE} (nor {INDEX_FILE})")
+        check(stored(path / WEIGHTS_FILE) is not None, _missing_weights(path, where))
         return [WEIGHTS_FILE]
     try:
         raw = json.loads(index.read_text())
@@ -59,22 +109,18 @@ def shards(path: Path, where: str) -> list[str]:
           f"{where}: {INDEX_FILE} needs a non-empty 'weight_map' object of tensor name -> shard file")
     files = sorted(set(wmap.values()))
     for f in files:
-        check(Path(f).name == f and (path / f).is_file(), f"{where}: {INDEX_FILE} names shard {f!r}, which is absent")
+        check(Path(f).name == f and stored(path / f) is not None,
+              f"{where}: {INDEX_FILE} names shard {f!r}, which is absent")
     return files
 
 
 def load_state(path: str | os.PathLike, expected: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
     """Tensors of the checkpoint at `path`, strictly matched against `expected` (a state dict, possibly on the
     meta device): every key present, none unexpected, every shape equal. Dtypes are the file's."""
-    from safetensors.torch import load_file
-
     path = Path(path)
     state: dict[str, torch.Tensor] = {}
     for shard in shards(path, where):
-        try:
-            state.update(load_file(path / shard))
-        except Exception as e:                         # a torn or foreign file: safetensors raises many types
-            raise UserError(f"{where}: cannot read {shard} ({type(e).__name__}: {e})") from None
+        state.update(read_tensors(path / shard, where)[0])
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     for kind, keys in (("missing", missing), ("unexpected", unexpected)):
         more = f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""

@@ -350,9 +350,9 @@ RULES = {
 
 
 def _packed_regen(v: str) -> bool:
-    from .training.data import repo_path
+    from .training.data import repo_path, stored_file
 
-    return (repo_path(v) / "manifest.json").is_file() and (repo_path(v) / "tokens.npy").is_file()
+    return (repo_path(v) / "manifest.json").is_file() and stored_file(repo_path(v) / "tokens.npy") is not None
 
 
 def _target_layers(t: dict) -> int | None:

@@ -78,6 +78,27 @@ def test_mismatched_or_changed_sets_are_one_line(packed, tmp_path, tiny_target):
         D.import_regen(bad, tiny_target, convs, tmp_path / "d.jsonl", regen)
 
 
+def test_an_xz_packed_set_imports_like_the_plain_one(packed, tmp_path, tiny_target):
+    """A committed set stores tokens.npy xz-compressed; the import reads it, checks its sha256 on the plain bytes."""
+    import lzma
+    import shutil
+
+    out, _ = packed
+    xz = tmp_path / "xz"
+    xz.mkdir()
+    shutil.copy(out / "manifest.json", xz / "manifest.json")
+    (xz / "tokens.npy.xz").write_bytes(lzma.compress((out / "tokens.npy").read_bytes()))
+    cfg = make_cfg([*SMOKE, "data.max_samples=3"])
+    convs = D.load_corpus(["gsm8k_train"], 3, 0)
+    n_plain = D.import_regen(out, tiny_target, convs, tmp_path / "plain.jsonl", dict(cfg.data.regen))
+    n_xz = D.import_regen(xz, tiny_target, convs, tmp_path / "xz.jsonl", dict(cfg.data.regen))
+    assert n_xz == n_plain == 3
+    assert (tmp_path / "xz.jsonl").read_text() == (tmp_path / "plain.jsonl").read_text()
+    (xz / "tokens.npy.xz").write_bytes((xz / "tokens.npy.xz").read_bytes()[:-40])      # a cut download
+    with pytest.raises(UserError, match="cannot read .*tokens.npy.xz"):
+        D.import_regen(xz, tiny_target, convs, tmp_path / "cut.jsonl", dict(cfg.data.regen))
+
+
 def test_a_missing_set_is_refused_by_validation():
     from specexp.config import validate
 
@@ -87,9 +108,14 @@ def test_a_missing_set_is_refused_by_validation():
 
 def test_the_committed_smollm2_set_is_consistent():
     """data/regen/smollm2_135m-greedy256: manifest, checksum and token count agree (no model needed)."""
+    import hashlib
+    import io
+
     root = D.repo_path("data/regen/smollm2_135m-greedy256")
     m = json.loads((root / "manifest.json").read_text())
-    arr = np.load(root / "tokens.npy", allow_pickle=False)
+    raw = D.read_bytes(root / "tokens.npy")                 # committed as tokens.npy.xz
+    assert hashlib.sha256(raw).hexdigest() == m["sha256"]
+    arr = np.load(io.BytesIO(raw), allow_pickle=False)
     assert arr.dtype == np.uint16 and arr.size == m["prompt_tokens"] + m["response_tokens"]
     assert m["provenance"]["target_source"] == "gguf:SmolLM2-135M-Instruct.Q4_1.gguf"
     assert len({r[0] for r in m["rows"]}) == m["sequences"]

@@ -1,5 +1,6 @@
 """scripts/stage_sharegpt.py: the extra ShareGPT prompts are decoded from a cut-off JSON array and kept only when
 they alternate, are short enough, and are neither in the shipped sample nor a benchmark prompt."""
+import gzip
 import importlib.util
 import json
 import zipfile
@@ -21,7 +22,8 @@ def _conv(*turns):
 
 def test_stage_sharegpt_keeps_only_disjoint_alternating_short_first_exchanges(tmp_path):
     s = _script()
-    in_sample = json.loads((ROOT / "data/corpus/sharegpt_v3_sample.jsonl").read_text().split("\n")[0])["id"]
+    sample = gzip.decompress((ROOT / "data/corpus/sharegpt_v3_sample.jsonl.gz").read_bytes()).decode()
+    in_sample = json.loads(sample.split("\n")[0])["id"]
     bench = json.loads((ROOT / "data/benchmarks/mt_bench.jsonl").read_text().split("\n")[0])["turns"][0]
     recs = [{"id": "good", "conversations": _conv("How do I sort a list in Python?", "Use sorted().", "More?", "No.")},
             {"id": "gpt_first", "conversations": [{"from": "gpt", "value": "hi"}, {"from": "human", "value": "x"}]},

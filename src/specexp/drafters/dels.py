@@ -171,16 +171,16 @@ def save_prior(counts: torch.Tensor, path: str | os.PathLike, smoothing: float, 
 
 def load_prior(path: str | os.PathLike, vocab_size: int, smoothing: float, where: str) -> torch.Tensor:
     """The log prior `[V]`, recomputed from the stored counts when `smoothing` differs from the stored one."""
-    from safetensors import safe_open
-
     f = Path(path) / PRIOR_FILE
-    check(f.exists(), f"{where}: no {PRIOR_FILE} beside the head (make one with task=prior)")
+    check(ckpt.stored(f) is not None, f"{where}: no {PRIOR_FILE} beside the head (make one with task=prior)")
+    tensors, meta = ckpt.read_tensors(f, where)
+    check("counts" in tensors and "log_prior" in tensors,
+          f"{where}: {PRIOR_FILE} needs the tensors 'counts' and 'log_prior', found {sorted(tensors)}")
+    counts, lp = tensors["counts"], tensors["log_prior"]
     try:
-        with safe_open(str(f), "pt") as st:
-            stored = float((st.metadata() or {}).get("smoothing", "nan"))
-            counts, lp = st.get_tensor("counts"), st.get_tensor("log_prior")
-    except Exception as e:                      # torn or foreign file, or a tensor missing
-        raise UserError(f"{where}: cannot read {PRIOR_FILE} ({type(e).__name__}: {e})") from None
+        stored = float(meta.get("smoothing", "nan"))
+    except ValueError:
+        stored = float("nan")
     check(counts.numel() <= vocab_size, f"{where}: prior covers {counts.numel()} tokens, target vocab is {vocab_size}")
     if counts.numel() < vocab_size or stored != smoothing:
         lp = log_prior_from_counts(F.pad(counts, (0, vocab_size - counts.numel())), smoothing)

@@ -111,15 +111,9 @@ def is_release(raw: dict) -> bool:
 
 
 def _tensor_names(path: Path, where: str) -> set[str]:
-    from safetensors import safe_open
-
     names: set[str] = set()
     for shard in ckpt.shards(path, where):
-        try:
-            with safe_open(str(path / shard), "pt") as f:
-                names.update(f.keys())
-        except Exception as e:
-            raise UserError(f"{where}: cannot read {shard} ({type(e).__name__}: {e})") from None
+        names.update(ckpt.read_tensors(path / shard, where)[0])
     return names
 
 

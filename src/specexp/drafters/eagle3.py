@@ -289,19 +289,14 @@ def read_state(path: Path, config: Eagle3Config, where: str) -> dict[str, torch.
     """The checkpoint's tensors under this module's names, strictly checked against `config`: every fault (missing,
     unexpected or misshapen tensor, missing or invalid d2t) is one line naming the file, the tensor and what was
     expected."""
-    from safetensors.torch import load_file
-
     pickles = sorted(p.name for p in path.glob("*") if p.suffix in (".bin", ".pt", ".pth"))
-    check((path / ckpt.WEIGHTS_FILE).exists() or (path / ckpt.INDEX_FILE).exists() or not pickles,
+    check(ckpt.stored(path / ckpt.WEIGHTS_FILE) is not None or (path / ckpt.INDEX_FILE).exists() or not pickles,
           f"{where}: {pickles[0] if pickles else ''} is a pickle file; only safetensors weights are loaded "
           f"(unpickling can run code): convert it to {ckpt.WEIGHTS_FILE}")
     files = ckpt.shards(path, where)
     state, origin = {}, {}
     for shard in files:
-        try:
-            raw = load_file(path / shard)
-        except Exception as e:                         # a torn or foreign file: safetensors raises many types
-            raise UserError(f"{where}: cannot read {shard} ({type(e).__name__}: {e})") from None
+        raw = ckpt.read_tensors(path / shard, where)[0]
         for k, t in raw.items():
             name = _canonical(k)
             check(name not in state, f"{where}: {shard}: tensor {k} duplicates {origin.get(name, ('', name))[1]}")
