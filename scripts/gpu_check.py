@@ -1,39 +1,72 @@
 """First contact with a GPU: one command, offline, whatever torch / Triton / transformers the machine has, one JSON
 report. Each part runs in its own process (a CUDA fault, a hang or an out-of-memory in one part cannot take the
 others down; each has a time limit) and is recorded as passed / failed / skipped with its figures, its checks and,
-when it fails, the error text.
+when it fails, the error text. The report is rewritten after every part, and a part killed at its limit keeps the
+figures it saved before (`Ctx.save_partial`).
 
-    bash scripts/gpu_check.sh                          # all parts on cuda:0, report gpu_check.json (~10 min)
-    bash scripts/gpu_check.sh --out r.json --parts fusion_kernel,qwen3_8b_shape --layers 18
+    bash scripts/gpu_check.sh --out gpu_check.json     # all parts on cuda:0, at most 8 minutes (BUDGET_S)
+    bash scripts/gpu_check.sh --out r.json --sections oracle_decode,kernel_parity --layers 18   # a subset
     bash scripts/gpu_check.sh --dry-run                # what a CPU can run: kernels under TRITON_INTERPRET=1
 
-Parts (`--list`):
-  fusion_kernel         Triton fusion kernel vs the torch reference at V = 151936, bf16: argmax tokens, sampled
-                        tokens given the noise, in-kernel Philox draws (the same token for every tile, its
-                        probability equal to the reference's); µs per call of every tile of kernels/fusion.TILES,
-                        the autotuner's pick and the fastest tile
-  fusion_tiles_compile  registers, stack and shared memory per thread of every tile compiled for this GPU's
-                        architecture (sm_90 in a dry run), from cuobjdump; the autotuned tiles must not spill
-  head_loop_graph       the sequential head loops (DeLS RNN / Markov, Domino-FT) at Qwen3-8B shapes: eager torch,
-                        eager Triton, CUDA graph + torch, CUDA graph + Triton; same greedy tokens, same sampled
-                        tokens (eager Triton vs graph Triton, one seed), host syncs per block, ms per block
-  drafters_lossless     every drafter of the registry on tiny_qwen3, fp32, greedy, through task=eval (in-process
-                        run_task): lossless against AR, exactly
-  protocol_b_graph      DeLS-RNN under protocol B with the in-graph sampler (fusion.cuda_graph=true): χ² of the
-                        first 3 tokens against the exact distribution of a 5-token Qwen3 (enumerated), and a
-                        decoding=sample_b task=eval run on tiny_qwen3 (runs, valid records)
-  train_smoke           task=train target=tiny_qwen3 data=smoke train=smoke (flex attention, torch.compile,
-                        bf16-mixed on GPU)
+Parts (`--list`), most valuable first (a run cut short loses the least):
   qwen3_8b_shape        a random-weight Qwen3-8B-shaped target in bf16 (built on the GPU, nothing downloaded): AR
                         ms/step, verify ms per 16-token block, host syncs per forward for the attention in use,
                         verify-vs-AR logit differences (what eval.near_tie must cover), DFlash draft ms (5 layers,
                         block 16), DeLS / Domino-FT propose eager vs graph + Triton, ratios to the HBM floor,
                         peak memory; FlashAttention-2 against SDPA when flash_attn imports
+  oracle_decode         end-to-end greedy decoding through the real engine (decoding/engine.py) at Qwen3-8B widths,
+                        per drafter (DFlash, DeLS-RNN / Markov, Domino-FT, EAGLE-3 chain; random init), with an oracle
+                        forcing n accepted drafts a round (n = 0, 3, 7, 15, up to the drafter's K): the drafter's
+                        propose runs for real, then its drafts become the target's own greedy continuation (one AR
+                        run) for n positions and a wrong token at n + 1, so accept / rollback / commit run at real
+                        widths. Per drafter and n: output equal to AR's, τ = n + 1 per round, TPOT vs AR TPOT
+                        (CUDA-synchronised), host syncs per round. fp32 at 4 layers: exactly AR's tokens; bf16 at
+                        36 layers: a mismatch at a near-tie (top-2 gap < 0.5) is reported, not failed
+  kernel_parity         every tile of kernels/fusion.TILES and the autotuned kernel at V = 151936, bf16 inputs,
+                        against a float64 reference on fresh inputs: argmax (equal but at near-ties), sampled tokens
+                        given the noise, probabilities, in-kernel Philox draws (the same tokens for every tile given
+                        the seed), output buffers poisoned (NaN / -1) before each call so an unwritten tile shows,
+                        a χ² test of the sampler against the exact distribution; µs per call of every tile, the
+                        autotuner's pick and the fastest tile
+  drafters_lossless     every drafter of the registry on tiny_qwen3, fp32, greedy, through task=eval (in-process
+                        run_task): lossless against AR, exactly
+  protocol_b_graph      DeLS-RNN under protocol B with the in-graph sampler (fusion.cuda_graph=true): χ² of the
+                        first 3 tokens against the exact distribution of a 5-token Qwen3 (enumerated), and a
+                        decoding=sample_b task=eval run on tiny_qwen3 (runs, valid records)
+  head_loop_graph       the sequential head loops (DeLS RNN / Markov, Domino-FT) at Qwen3-8B shapes: eager torch,
+                        eager Triton, CUDA graph + torch, CUDA graph + Triton; same greedy tokens, same sampled
+                        tokens (eager Triton vs graph Triton, one seed), host syncs per block, ms per block
+  fusion_tiles_compile  registers, stack and spills per thread of every tile as the runtime launches it: the
+                        launch's own arguments (recorded from a TritonFusion call) and so its specialization
+                        (tt.divisibility=16 on the pointers and V; seed_add 0 / 1 / other per draft position); on a
+                        GPU the kernel `warmup` returns for them (the launch's cache entry: driver n_regs / n_spills
+                        and cuobjdump), in a dry run the same binder compiling for sm_90. Rule = the launch's: the
+                        tiles the autotuner can pick (AUTOTUNE) must not spill
+  train_smoke           task=train target=tiny_qwen3 data=smoke train=smoke (flex attention, torch.compile,
+                        bf16-mixed on GPU)
+
+Time limits (PARTS; seconds on one H200, summing to BUDGET_S = 480 with the process start of each part, ~10 s for
+torch + CUDA + transformers). Deadlines are cumulative: part i must end by the sum of the limits up to i, so what
+a part leaves unused goes to the later ones and the whole run stays within 480 s. Set from the first H200 run
+(2026-12-04, experiments/results/gpu/2026-12-04/; wall seconds per part, the limit then -> now) and the CPU dry run
+(2 busy cores, the image's package set simulated, 542 s in all):
+  qwen3_8b_shape    110  H200 93 s with 30-iteration timings (95 -> over its limit once, passed alone); now 10
+                         iterations. ~20 s of it is the host-side random init of the 5-layer DFlash drafter at 8B
+                         widths (drafters/dflash.init_weights draws on the CPU). CPU dry run 22 s
+  oracle_decode     140  H200: the fp32 sweep (4 layers, 64 tokens, 5 drafters x 4 n) took ~60 s, the bf16 sweep at
+                         36 layers did not finish in 165 s (4 of 5 drafters); now 48 tokens. CPU dry run 112 s
+  kernel_parity      30  H200 26 s. CPU dry run 58 s (interpreter, V = 2048)
+  drafters_lossless  55  H200 49 s. CPU dry run 145 s
+  protocol_b_graph   70  H200 66 s (1,500 generations of 4 tokens). CPU dry run 105 s
+  head_loop_graph    20  H200 16 s. CPU dry run 20 s
+  fusion_tiles_compile 15 H200 11 s. CPU dry run 31 s
+  train_smoke        40  H200 37 s (torch.compile of flex attention). CPU dry run 38 s
 
 Host syncs are counted with torch.cuda.set_sync_debug_mode("warn"): every synchronising CUDA call (.item(),
-.tolist(), a blocking copy, nonzero, ...) raises a "called a synchronizing CUDA operation" warning, and the
-warnings of the measured region are counted (the report's `sync_counter` records a self-test: one .item()
-counts 1, a device-only op 0).
+.tolist(), a blocking copy, nonzero, ...) raises "called a synchronizing CUDA operation" warnings, and the
+warnings of the measured region are counted. The report's `sync_counter` records a self-test: on torch 2.11 one
+.item() raises 2 warnings, a device-only op 0, so a count is an upper bound on the synchronising calls and 0 means
+none.
 
 `--dry-run` runs every part on the CPU at small sizes, with Triton kernels in its interpreter: what it checks is
 that the parts run and agree, not speed; CUDA-only measurements are null and said so.
@@ -42,6 +75,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import math
 import os
@@ -135,7 +169,9 @@ def sync_selftest(device) -> dict:
     x = torch.ones(4, device=device)
     item = syncs_of(lambda: x.sum().item(), device)
     dev_op = syncs_of(lambda: x.mul_(1.0), device)
-    return {"item": item, "device_op": dev_op, "works": item == 1 and dev_op == 0}
+    # torch 2.11 warns twice for one .item() (the copy and the stream wait): counts are sync *warnings*, an upper
+    # bound on synchronising calls; 0 means no host sync at all, which is what the checks rely on
+    return {"item": item, "device_op": dev_op, "works": item >= 1 and dev_op == 0, "unit": "sync warnings"}
 
 
 def compose(overrides: list[str]):
@@ -199,69 +235,177 @@ def qwen3_dtype(ctx):
 
 
 # ------------------------------------------------------------------------------------------------ parts
-def part_fusion_kernel(ctx) -> dict:
+def _fusion_inputs(V: int, r: int, seed: int, dev, hot: list[int] | None = None):
+    """Fresh bf16 inputs of one drafted position (what a drafter hands the kernel); `hot`: a few tokens, spread over
+    the tiles, hold most of the mass (the χ² test needs bins with enough draws)."""
     import torch
 
+    g = torch.Generator().manual_seed(seed)
+    long = torch.randn(V, generator=g) * 3                                                      # [V]
+    if hot:
+        long = long - 8.0
+        long[hot] += torch.linspace(9.5, 7.5, len(hot))
+    z = torch.randn(r, generator=g)                                                             # [r]
+    w = torch.randn(V, r, generator=g) / r ** 0.5                                               # [V, r]
+    lp = torch.log_softmax(torch.randn(V, generator=g), 0)                                      # [V]
+    return tuple(x.to(dev, torch.bfloat16) for x in (long, z, w, lp))
+
+
+def _fused64(long, z, w, a: float, b: float, lp):
+    """The fused logits in float64 from the same bf16 inputs: the exact value the kernel's fp32 arithmetic rounds."""
+    return long.double() + a * (w.double() @ z.double()) - b * lp.double()                     # [V] fp64
+
+
+def _poison(k) -> None:
+    """Fill the kernel's per-tile outputs with values no program writes (NaN, token -1): an entry the kernel left
+    unwritten shows instead of passing for a stale, plausible value."""
+    for buf in (k.best, k.tmax, k.tsum, k.sbest):
+        buf.fill_(float("nan"))
+    k.tok.fill_(-1)
+
+
+def _tiles_written(k, V: int, sample: bool) -> bool:
+    """Every tile of the latest call wrote its entries: finite scores, a token inside its own tile."""
+    import torch
+    from triton import cdiv
+
+    from specexp.kernels.fusion import TILES
+
+    block = TILES[k.chosen_tile][0]
+    n = cdiv(V, block)
+    lo = torch.arange(n, device=k.tok.device) * block                                           # [n] tile starts
+    tok = k.tok[:n]                                                                             # [n]
+    ok = torch.isfinite(k.best[:n]).all() & (tok >= lo).all() & (tok < (lo + block).clamp(max=V)).all()
+    if sample:
+        ok &= torch.isfinite(torch.stack([k.tmax[:n], k.tsum[:n], k.sbest[:n]])).all()
+    return bool(ok)
+
+
+PARITY_WEIGHTS = ((0.3, 0.3), (0.0, 0.0), (2.0, -1.0))     # (alpha, beta): the default, the plain argmax, extremes
+PARITY_TOL = 1e-4        # fp32 accumulation over r = 256 bf16 products stays ~1e-6 of fused values of ~10
+
+
+def _parity_one_tile(k, cases, T: float, seeds: list[int]) -> dict:
+    """One tile on every case: greedy and noise-given sampled tokens against the float64 reference (equal, or the
+    kernel's token within PARITY_TOL of the best: a tie the fp32 sum may break either way), Philox draws per seed
+    (compared across tiles by the caller), probabilities, and every output entry written (poisoned before)."""
+    import torch
+
+    from specexp.kernels.fusion import gumbel
+
+    row = {"greedy_equal": 0, "greedy_near_tie": 0, "greedy_wrong": 0, "sampled_equal": 0, "sampled_near_tie": 0,
+           "sampled_wrong": 0, "prob_max_rel_err": 0.0, "all_written": True, "philox_tokens": []}
+    for long, z, w, lp in cases:
+        V = long.numel()
+        for a, b in PARITY_WEIGHTS:
+            ref = _fused64(long, z, w, a, b, lp)                                                # [V] fp64
+            _poison(k)
+            tok = int(k(long, z, w, a, b, lp)[0])
+            row["all_written"] &= _tiles_written(k, V, False)
+            short = float(ref.max() - ref[tok])                   # how far the kernel's pick is below the best
+            row["greedy_equal" if tok == int(ref.argmax()) else
+                "greedy_near_tie" if short <= PARITY_TOL else "greedy_wrong"] += 1
+        a, b = PARITY_WEIGHTS[0]
+        s = _fused64(long, z, w, a, b, lp) / T                                                  # [V] fp64
+        noise = gumbel(V, torch.Generator(device=long.device).manual_seed(V), long.device)      # [V] fp32
+        _poison(k)
+        tok, prob = k(long, z, w, a, b, lp, T, noise)
+        tok = int(tok)
+        row["all_written"] &= _tiles_written(k, V, True)
+        score = s + noise.double()                                                              # [V]
+        row["sampled_equal" if tok == int(score.argmax()) else
+            "sampled_near_tie" if float(score.max() - score[tok]) <= PARITY_TOL / T else "sampled_wrong"] += 1
+        p64 = torch.softmax(s, 0)                                                               # [V] fp64
+        row["prob_max_rel_err"] = max(row["prob_max_rel_err"], abs(float(prob) / float(p64[tok]) - 1))
+        for seed in seeds:                                        # in-kernel Philox: keyed by the token, not the tile
+            k.seed.fill_(seed)
+            _poison(k)
+            ph_tok, ph_prob = k(long, z, w, a, b, lp, T)
+            ph_tok = int(ph_tok)
+            row["all_written"] &= _tiles_written(k, V, True)
+            row["philox_tokens"].append(ph_tok)
+            row["prob_max_rel_err"] = max(row["prob_max_rel_err"], abs(float(ph_prob) / float(p64[ph_tok]) - 1))
+    return row
+
+
+def _chi2_philox(k, V: int, r: int, dev, draws: int, T: float = 1.0) -> dict:
+    """The in-kernel sampler's tokens over `draws` seeds against the exact float64 distribution (five hot tokens in
+    different tiles carry most of the mass, the rest is one pooled bin)."""
+    import torch
+
+    hot = [3, V // 3, V // 2 + 1, 2 * V // 3, V - 1]
+    long, z, w, lp = _fusion_inputs(V, r, 7, dev, hot)
+    p = torch.softmax(_fused64(long, z, w, 0.5, 0.2, lp) / T, 0)                               # [V] fp64
+    probs = {str(h): float(p[h]) for h in hot}
+    probs["rest"] = 1.0 - sum(probs.values())
+    counts: dict = {}
+    for i in range(draws):
+        k.seed.fill_(10_000 + i)
+        tok = int(k(long, z, w, 0.5, 0.2, lp, T)[0])
+        key = str(tok) if str(tok) in probs else "rest"
+        counts[key] = counts.get(key, 0) + 1
+    return {"pvalue": chi2_pvalue(probs, counts, draws), "draws": draws, "counts": counts, "probs": probs}
+
+
+def part_kernel_parity(ctx) -> dict:
+    """Every tile of kernels/fusion.TILES (and the autotuned kernel) against a float64 reference on fresh inputs,
+    outputs poisoned before each call; Philox draws identical across tiles; χ² of the sampler; µs per call."""
     from specexp.eval.metrics import top2_gap
     from specexp.kernels import fusion as F
 
-    dev, dtype = ctx.device, torch.bfloat16
+    dev = ctx.device
+    cuda = dev.type == "cuda"
     V, r = (DRY_VOCAB, DRY_RANK) if ctx.dry else (151936, 256)
-    a, b, T = 0.3, 0.3, 0.8
-    g = torch.Generator().manual_seed(0)
-    long = (torch.randn(V, generator=g) * 3).to(dev, dtype)                                    # [V]
-    z = torch.randn(r, generator=g).to(dev, dtype)                                              # [r]
-    w = (torch.randn(V, r, generator=g) / r ** 0.5).to(dev, dtype)                              # [V, r]
-    lp = torch.log_softmax(torch.randn(V, generator=g), 0).to(dev, dtype)                       # [V]
-    noise = F.gumbel(V, torch.Generator(device=dev).manual_seed(1), dev)                        # [V]
-    fused = F.fused_logits(long, z, w, a, b, lp)                                                # [V] fp32
-    q = torch.softmax(fused / T, 0)
-    ref_tok = int(F.fuse_torch(long, z, w, a, b, lp)[0])
-    ref_s_tok, ref_s_prob = F.fuse_torch(long, z, w, a, b, lp, T, noise)
+    T = 0.8
+    cases = [_fusion_inputs(V, r, seed, dev) for seed in range(1 if ctx.dry else 4)]
+    seeds = [12345, 777] if ctx.dry else [12345, 777, 31337, 4242]
+    tiles = ("auto", *F.TILES)
     iters, reps, warm = (1, 1, 0) if ctx.dry else (200, 5, 3)
-    tiles, checks = {}, {}
-    for tile in ("auto", *F.TILES):
-        k = F.TritonFusion(V, dev, tile)
-        tuned = lambda: {F.tile_name(c.kwargs["BLOCK"], c.kwargs["BLOCK_R"], c.num_warps):  # noqa: E731
-                         1e3 * (t[0] if isinstance(t, (list, tuple)) else t)                 # the tuner's µs
-                         for c, t in (getattr(F._fuse_tiles_tuned, "configs_timings", None) or {}).items()}
-        tok = int(k(long, z, w, a, b, lp)[0])
-        chosen = {"greedy": k.chosen_tile}
-        autotune_us = {"greedy": tuned()} if tile == "auto" and not F.interpreted() else None
-        s_tok, s_prob = k(long, z, w, a, b, lp, T, noise)
-        k.seed.fill_(12345)
-        ph_tok, ph_prob = k(long, z, w, a, b, lp, T)                                            # in-kernel Philox
-        ph_tok, chosen["sampled"] = int(ph_tok), k.chosen_tile
-        if autotune_us is not None:
-            autotune_us["sampled"] = tuned()
-        row = {"chosen": chosen, "greedy_token": tok, "sampled_token": int(s_tok),
-               "sampled_prob_rel_err": abs(float(s_prob) / float(ref_s_prob) - 1),
-               "philox_token": ph_tok, "philox_prob_rel_err": abs(float(ph_prob) / float(q[ph_tok]) - 1),
-               "greedy_us": 1e3 * time_ms(lambda: k(long, z, w, a, b, lp), dev, iters, reps, warm),
-               "sampled_us": 1e3 * time_ms(lambda: k(long, z, w, a, b, lp, T), dev, iters, reps, warm)}
-        if autotune_us is not None:
-            row["autotune_us"] = autotune_us
-        tiles[tile] = row
-    checks["greedy_tokens_equal_reference"] = all(t["greedy_token"] == ref_tok for t in tiles.values())
-    checks["sampled_tokens_equal_reference"] = all(t["sampled_token"] == int(ref_s_tok) for t in tiles.values())
-    checks["sampled_probs_match"] = all(t["sampled_prob_rel_err"] < 1e-3 for t in tiles.values())
-    checks["philox_same_token_every_tile"] = len({t["philox_token"] for t in tiles.values()}) == 1
-    checks["philox_probs_match"] = all(t["philox_prob_rel_err"] < 1e-3 for t in tiles.values())
-    named = {n: t for n, t in tiles.items() if n != "auto"}
-    fastest = min(named, key=lambda n: named[n]["greedy_us"])
-    ref_us = 1e3 * time_ms(lambda: F.fuse_torch(long, z, w, a, b, lp), dev, iters, reps, warm)
+    long, z, w, lp = cases[0]
+    rows, checks = {}, {}
+    for tile in tiles:
+        with step(rows, checks, tile):
+            k = F.TritonFusion(V, dev, tile)
+            row = _parity_one_tile(k, cases, T, seeds)
+            row["chosen"] = k.chosen_tile
+            if cuda or tile == "auto":                  # the interpreter: ~0.1 s a draw, one tile's χ²
+                row["chi2"] = _chi2_philox(k, V, r, dev, 100 if ctx.dry else 2000)
+            if tile == "auto" and not F.interpreted():         # the tuner's own µs per config (greedy, then sampled)
+                row["autotune_us"] = {F.tile_name(c.kwargs["BLOCK"], c.kwargs["BLOCK_R"], c.num_warps):
+                                      1e3 * (t[0] if isinstance(t, (list, tuple)) else t)
+                                      for c, t in (getattr(F._fuse_tiles_tuned, "configs_timings", None) or {}).items()}
+            row["greedy_us"] = 1e3 * time_ms(lambda: k(long, z, w, 0.3, 0.3, lp), dev, iters, reps, warm)
+            row["sampled_us"] = 1e3 * time_ms(lambda: k(long, z, w, 0.3, 0.3, lp, T), dev, iters, reps, warm)
+            rows[tile] = row
+            ctx.save_partial({"vocab": V, "rank": r, "tiles": rows}, checks)
+    done = {n: t for n, t in rows.items() if n in tiles}
+    checks["every_tile_ran"] = len(done) == len(tiles)
+    checks["greedy_matches_float64"] = all(t["greedy_wrong"] == 0 for t in done.values())
+    checks["sampled_matches_float64"] = all(t["sampled_wrong"] == 0 for t in done.values())
+    checks["probs_match_float64"] = all(t["prob_max_rel_err"] < 1e-3 for t in done.values())
+    checks["every_output_written"] = all(t["all_written"] for t in done.values())
+    checks["philox_same_tokens_every_tile"] = len({tuple(t["philox_tokens"]) for t in done.values()}) == 1
+    checks["chi2_pvalue_above_1e-3"] = all(t["chi2"]["pvalue"] > 1e-3 for t in done.values() if "chi2" in t)
+    named = {n: t for n, t in done.items() if n in F.TILES}
+    fastest = min(named, key=lambda n: named[n]["greedy_us"]) if named else None
+    ref_us = 1e3 * time_ms(lambda: F.fuse_torch(long, z, w, 0.3, 0.3, lp), dev, iters, reps, warm)
     floor_us = (V * r + 2 * V) * 2 / (ctx.args.hbm_tbs * 1e12) * 1e6          # W, long and the prior, bf16
     return {"figures": {
-        "vocab": V, "rank": r, "dtype": "bfloat16", "interpreted": F.interpreted(), "tiles": tiles,
-        "shipped_tile": "1024x64w4", "autotune_set": list(F.AUTOTUNE), "autotune_pick": tiles["auto"]["chosen"],
+        "vocab": V, "rank": r, "dtype": "bfloat16", "temperature": T, "interpreted": F.interpreted(), "tiles": rows,
+        "cases": len(cases), "weights": PARITY_WEIGHTS, "tie_tolerance": PARITY_TOL, "shipped_tile": "1024x64w4",
+        "autotune_set": list(F.AUTOTUNE), "autotune_pick": rows.get("auto", {}).get("chosen"),
         "fastest_tile_greedy": fastest,
-        "fastest_tile_sampled": min(named, key=lambda n: named[n]["sampled_us"]),
+        "fastest_tile_sampled": min(named, key=lambda n: named[n]["sampled_us"]) if named else None,
         "torch_reference_us": ref_us, "hbm_floor_us": floor_us,
-        "fastest_over_floor": named[fastest]["greedy_us"] / floor_us,
-        "reference_top2_gap": float(top2_gap(fused))},
+        "fastest_over_floor": named[fastest]["greedy_us"] / floor_us if fastest else None,
+        "reference_top2_gap": float(top2_gap(_fused64(long, z, w, 0.3, 0.3, lp)))},
         "checks": checks,
-        "notes": ["µs per call = the kernel and the few torch ops combining its tiles, back to back"]
-        + (["interpreter: the timings measure numpy, not a GPU"] if F.interpreted() else [])}
+        "notes": ["reference: the fused logits in float64 from the same bf16 inputs; a token within "
+                  f"{PARITY_TOL} of the best counts as a near-tie, not a failure",
+                  "outputs poisoned (NaN, token -1) before every call; µs per call = the kernel and the few torch "
+                  "ops combining its tiles, back to back"]
+        + ([] if cuda else [f"interpreter: V = {V}, the χ² on the auto tile ({F.INTERPRETED}) alone; the timings "
+                            "measure numpy"])}
 
 
 def _res_usage(cubin: bytes) -> dict:
@@ -279,36 +423,118 @@ def _res_usage(cubin: bytes) -> dict:
     return {k.lower(): int(v) for k, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", line)}
 
 
+class _LaunchRecorder:
+    """Stands in for `fusion._fuse_tiles` during one TritonFusion call: keeps the grid, arguments and keywords the
+    runtime launches the kernel with (nothing runs)."""
+
+    def __init__(self):
+        self.launch = None
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launch = (grid, args, kwargs)
+        return launch
+
+
+def _launch_of(F, k, inputs, temperature: float, seed_add: int):
+    """(grid, args, kwargs) of the launch `k(*inputs, temperature, seed_add=...)` makes (a named tile)."""
+    real, rec = F._fuse_tiles, _LaunchRecorder()
+    F._fuse_tiles = rec
+    try:
+        k(*inputs, temperature, seed_add=seed_add)        # then it reads its (unwritten) buffers: harmless
+    finally:
+        F._fuse_tiles = real
+    return rec.launch
+
+
+def _compile_as_launched(jit, args, kwargs, target):
+    """What `JITFunction.run` compiles for these arguments, without a driver: the same binder (the launch's
+    specialization: 16-byte aligned pointers and integers divisible by 16 get tt.divisibility=16, an integer 1
+    becomes a constant), the same options, the same ASTSource. On a GPU `jit.warmup` gives the launch's own kernel;
+    this is the dry run's way, checked against it there."""
+    import triton
+    from triton import knobs
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    backend = make_backend(target)
+    kw = dict(kwargs)
+    kw["debug"] = kw.get("debug", jit.debug) or knobs.runtime.debug
+    for name in ("instrumentation_mode", "fpsan_homomorphic_casts"):      # what run() adds (3.6: the first)
+        if hasattr(knobs.compilation, name):
+            kw[name] = getattr(knobs.compilation, name)
+    bound, spec, opts = create_function_from_signature(jit.signature, jit.params, backend)(*args, **kw)
+    options, signature, constexprs, attrs = jit._pack_args(backend, kw, bound, spec, opts)
+    return triton.compile(ASTSource(jit, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
+def _kernel_usage(kernel, t0: float) -> dict:
+    row = {**_res_usage(kernel.asm["cubin"]), "compile_s": time.perf_counter() - t0}
+    if hasattr(kernel, "_init_handles"):
+        try:                                            # loading the binary needs the driver: GPU only
+            kernel._init_handles()
+            row.update(n_regs=kernel.n_regs, n_spills=kernel.n_spills)
+        except Exception:
+            pass
+    return row
+
+
 def part_fusion_tiles_compile(ctx) -> dict:
+    """Registers, stack and spills of every tile as the runtime launches it (same arguments, same specialization):
+    on a GPU the kernel `warmup` returns for the recorded launch (the one the launch runs, from the same cache),
+    in a dry run the same compilation for sm_90 without a driver. Rule = the launch's: the tiles the autotuner can
+    pick (AUTOTUNE) must not spill, at any specialization the draft loop launches."""
+    import hashlib
+
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
 
     from specexp.kernels import fusion as F
 
-    cuda = torch.cuda.is_available() and not ctx.dry
+    cuda = ctx.device.type == "cuda"
     major, minor = torch.cuda.get_device_capability() if cuda else (9, 0)
     arch = 10 * major + minor
-    ptr = {"long_ptr": "*bf16", "z_ptr": "*bf16", "w_ptr": "*bf16", "lp_ptr": "*bf16", "noise_ptr": "*fp32",
-           "seed_ptr": "*i64", "best_ptr": "*fp32", "tok_ptr": "*i64", "tmax_ptr": "*fp32", "tsum_ptr": "*fp32",
-           "sbest_ptr": "*fp32", "alpha": "fp32", "beta": "fp32", "inv_t": "fp32", "seed_add": "i32", "V": "i32",
-           "R": "constexpr", "BLOCK": "constexpr", "BLOCK_R": "constexpr", "SAMPLE": "constexpr",
-           "HAS_NOISE": "constexpr"}
-    out = {}
-    for sample in (False,) if ctx.dry else (False, True):        # dry run: the greedy kernels (the spilling tile's
-        for name, (block, block_r, warps) in F.TILES.items():     # ptxas run alone takes ~30 s on 2 cores)
-            t0 = time.perf_counter()
-            src = triton.compiler.ASTSource(fn=F._fuse_tiles, signature=ptr, constexprs={
-                "R": 256, "BLOCK": block, "BLOCK_R": block_r, "SAMPLE": sample, "HAS_NOISE": False})
-            k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
-            out[f"{name}/{'sampled' if sample else 'greedy'}"] = {
-                **_res_usage(k.asm["cubin"]), "compile_s": time.perf_counter() - t0}
-    spill_free = all(v["stack"] == 0 for k, v in out.items() if k.split("/")[0] in F.AUTOTUNE)
-    return {"figures": {"arch": f"sm_{arch}", "rank": 256, "dtype": "bfloat16", "triton": triton.__version__,
-                        "per_thread": out},
-            "checks": {"autotuned_tiles_spill_free": spill_free},
-            "notes": ["per thread, from cuobjdump -res-usage of the cubin Triton compiles for this architecture "
-                      "(stack > 0 = local-memory spills)"]}
+    V, r = 151936, 256
+    dev = ctx.device if cuda else torch.device("cpu")
+    long, z, w, lp = _fusion_inputs(V, r, 0, dev)
+    inputs = (long, z, w, 0.3, 0.3, lp)
+    # seed_add = the draft position: 0 (divisible by 16), 1 (a constant) and 2 (a plain i32) are the three
+    # specializations a block's loop launches; only the sampler reads the seed, so greedy compiles position 0.
+    variants = [("greedy", 0.0, 0), ("sampled", 1.0, 0), ("sampled@1", 1.0, 1), ("sampled@2", 1.0, 2)]
+    out, launch_check = {}, None
+    for name in F.TILES:
+        k = F.TritonFusion(V, dev, name)
+        for mode, temperature, seed_add in variants:
+            if "@" in mode and name not in F.AUTOTUNE:
+                continue
+            with step(out, {}, f"{name}/{mode}"):
+                grid, args, kwargs = _launch_of(F, k, inputs, temperature, seed_add)
+                t0 = time.perf_counter()
+                if cuda:
+                    kernel = F._fuse_tiles.warmup(*args, grid=grid, **kwargs)       # the launch's own kernel
+                else:
+                    kernel = _compile_as_launched(F._fuse_tiles, args, kwargs, GPUTarget("cuda", arch, 32))
+                out[f"{name}/{mode}"] = _kernel_usage(kernel, t0)
+                if cuda and launch_check is None and name in F.AUTOTUNE:        # the dry run's way, checked once
+                    emu = _compile_as_launched(F._fuse_tiles, args, kwargs, triton.runtime.driver.active
+                                               .get_current_target())
+                    launch_check = {"tile": f"{name}/{mode}", "same_cubin": hashlib.sha256(
+                        emu.asm["cubin"]).hexdigest() == hashlib.sha256(kernel.asm["cubin"]).hexdigest()}
+        ctx.save_partial({"per_thread": out}, {})
+    tuned = {k: v for k, v in out.items() if isinstance(v, dict) and k.split("/")[0] in F.AUTOTUNE}
+    checks = {"every_tile_compiled": "errors" not in out,
+              "autotuned_tiles_spill_free": bool(tuned) and all(
+                  v["stack"] == 0 and v.get("n_spills", 0) == 0 for v in tuned.values())}
+    if launch_check is not None:
+        checks["dry_run_compile_equals_launch"] = launch_check["same_cubin"]
+    return {"figures": {"arch": f"sm_{arch}", "vocab": V, "rank": r, "dtype": "bfloat16", "triton": triton.__version__,
+                        "per_thread": out, "launch_check": launch_check,
+                        "specialization": "as launched: pointers and V with tt.divisibility=16, seed_add per position"},
+            "checks": checks,
+            "notes": ["per thread, from cuobjdump -res-usage of the cubin (stack > 0 = local-memory spills)"
+                      + (", and the driver's n_regs / n_spills of the loaded kernel" if cuda else
+                         "; dry run: compiled for sm_90 by the launch's binder")]}
 
 
 def part_head_loop_graph(ctx) -> dict:
@@ -484,32 +710,31 @@ def part_train_smoke(ctx) -> dict:
                       if dev.type == "cuda" else "CPU: dense attention mask, fp32"]}
 
 
-def _qwen3_shape(ctx) -> dict:
+def _qwen3_shape(ctx, layers: int | None = None) -> dict:
     a = ctx.args
     if ctx.dry:
         return dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                     intermediate_size=768, vocab_size=151936)
-    return dict(hidden_size=4096, num_hidden_layers=a.layers, num_attention_heads=32, num_key_value_heads=8,
+    return dict(hidden_size=4096, num_hidden_layers=layers or a.layers, num_attention_heads=32, num_key_value_heads=8,
                 head_dim=128, intermediate_size=12288, vocab_size=151936)
 
 
-def part_qwen3_8b_shape(ctx) -> dict:
+def _build_qwen3(ctx, shape: dict, dtype, name: str = "qwen3_8b_shape"):
+    """A random-init Qwen3 of `shape` in `dtype`, built on the device (nothing downloaded, no host copy of 8B
+    weights) and wrapped as specexp's Target; returns (target, attention implementation)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from specexp import registry
-    from specexp.eval.metrics import top2_gap
     from specexp.targets import QWEN3_MASK_ID, Target, attn_implementation
 
-    dev, dtype = ctx.device, qwen3_dtype(ctx)
+    dev = ctx.device
     cuda = dev.type == "cuda"
-    shape = _qwen3_shape(ctx)
     config = Qwen3Config(**shape, max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=False,
                          rope_parameters={"rope_type": "default", "rope_theta": 1e6}, bos_token_id=None,
                          eos_token_id=None, pad_token_id=None)
-    impl = attn_implementation("auto") if cuda else "sdpa"
+    # FlashAttention-2 (when it imports) serves bf16 / fp16 only: an fp32 target runs SDPA
+    impl = attn_implementation("auto") if cuda and dtype != torch.float32 else "sdpa"
     config._attn_implementation = impl
-    t0 = time.perf_counter()
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -518,12 +743,26 @@ def part_qwen3_8b_shape(ctx) -> dict:
             model = Qwen3ForCausalLM(config).eval().requires_grad_(False)                # random init, on the device
     finally:
         torch.set_default_dtype(old)
-    t = Target("qwen3_8b_shape", model, None, QWEN3_MASK_ID, [], source="random init")
+    return Target(name, model, None, QWEN3_MASK_ID, [], source="random init"), impl
+
+
+def part_qwen3_8b_shape(ctx) -> dict:
+    import torch
+
+    from specexp import registry
+    from specexp.eval.metrics import top2_gap
+
+    dev, dtype = ctx.device, qwen3_dtype(ctx)
+    cuda = dev.type == "cuda"
+    shape = _qwen3_shape(ctx)
+    t0 = time.perf_counter()
+    t, impl = _build_qwen3(ctx, shape, dtype)
+    model = t.model
     f = {"shape": shape, "scaled": ctx.dry or shape["num_hidden_layers"] != 36, "dtype": str(dtype),
          "attn_implementation": impl, "build_s": time.perf_counter() - t0}
     checks, notes = {}, []
     P, B = (64 if ctx.dry else ctx.args.context), 16
-    iters = 1 if ctx.dry else 30
+    iters = 1 if ctx.dry else 10             # 36 layers: ~35 ms a call; 2026-12-04 H200: 30 iters took the part to 93 s
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 151643, (1, P), generator=g).to(dev)                             # [1, P]
     block = torch.randint(0, 151643, (1, B), generator=g).to(dev)                              # [1, B]
@@ -651,15 +890,209 @@ def part_qwen3_8b_shape(ctx) -> dict:
     return {"figures": f, "checks": checks, "notes": notes}
 
 
-PARTS = {   # name: (function, time limit in seconds, Triton interpreted in a dry run)
-    "fusion_kernel": (part_fusion_kernel, 300, True),
-    "fusion_tiles_compile": (part_fusion_tiles_compile, 300, False),
-    "head_loop_graph": (part_head_loop_graph, 300, True),
-    "drafters_lossless": (part_drafters_lossless, 300, False),
-    "protocol_b_graph": (part_protocol_b_graph, 300, True),
-    "train_smoke": (part_train_smoke, 420, False),
-    "qwen3_8b_shape": (part_qwen3_8b_shape, 480, False),
+class OracleDrafter:
+    """A drafter whose proposals are forced to an exact acceptance: its own `propose` runs (its cost is paid, its
+    state advances), then its tokens are replaced by the target's greedy continuation `ar` (one AR run of the same
+    prompt) for the first n drafts and a token that is not the target's at draft n+1. Verification then accepts
+    exactly min(n, k) drafts, so accept, rollback and commit run at chosen widths. Everything else is the drafter's
+    (`__getattr__`): reset, prefill, commit, tap_layers, max_drafts, needs_prompt_ids."""
+
+    def __init__(self, inner, ar_tokens, prompt_len: int, n: int, vocab: int, device):
+        import torch
+
+        self.inner, self.n, self.P, self.V = inner, n, prompt_len, vocab
+        self.ar = torch.tensor(ar_tokens, device=device)                                        # [G] at P..P+G-1
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def propose(self, anchor: int, start: int, k: int, sampling):
+        from specexp.drafters.base import Proposal
+
+        prop = self.inner.propose(anchor, start, k, sampling)
+        i = start - self.P + 1                             # the AR index of the first draft's position start + 1
+        forced = self.ar[i: i + k].clone()                                                      # [k] on the device
+        if self.n < k:
+            forced[self.n] = (forced[self.n] + 1) % self.V  # the first draft the target rejects (no host sync)
+        if hasattr(self.inner, "proposed"):                # EAGLE-3's commit reads its proposal's accepted tokens
+            self.inner.proposed = forced
+        return Proposal(forced, prop.q, prop.info, prop.parents)
+
+
+ORACLE_NS = (0, 3, 7, 15)          # forced accepted drafts per round (clipped to the drafter's K)
+ORACLE_NS_BF16 = (0, 7, 15)        # the 36-layer bf16 sweep: fewer points (its four took > 105 s on an H200)
+ORACLE_NEAR_TIE = 0.5              # bf16: eval=paper's near_tie (logits of 16..64 are 0.125..0.25 apart)
+
+
+def _oracle_drafters(ctx, layers: int) -> dict:
+    """name -> overrides, the drafters of part_qwen3_8b_shape (random init, block 16) plus EAGLE-3's chain."""
+    cuda = ctx.device.type == "cuda"
+    backbone = ["drafter.init=random", f"drafter.num_layers={layers}", "drafter.block_size=16"]
+    loop = [f"fusion.kernel={'triton' if cuda else 'torch'}", f"fusion.cuda_graph={'true' if cuda else 'false'}"]
+    return {"dflash": ["drafter=dflash", *backbone],
+            **{n: [f"drafter={n}", *backbone, *loop] for n in ("dels_rnn", "dels_markov", "domino_ft")},
+            "eagle3": ["drafter=eagle3", "drafter.init=random", "drafter.mode=chain"]}
+
+
+def _first_mismatch(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def _gap_at(t, prompt: list[int], ar: list[int], j: int) -> float:
+    """Top-2 logit gap of the target at AR output position j (teacher-forced over prompt + ar[:j])."""
+    import torch
+
+    from specexp.eval.metrics import top2_gap
+
+    ids = torch.tensor([prompt + ar[:j]], device=t.device)                                      # [1, P+j]
+    with torch.inference_mode():
+        logits = t.forward(ids, 0, t.new_cache(), last_only=True)[0]                            # [1, 1, V]
+    return float(top2_gap(logits[0, -1].float()))
+
+
+def _decode_syncs(t, drafter, prompt, dc, dev) -> float | None:
+    """Host syncs per round of the decode loop: a short run's count less a prefill-only run's, per round (None off
+    CUDA, where nothing is counted and the two runs are skipped)."""
+    import dataclasses
+
+    from specexp.decoding.engine import generate
+
+    if dev.type != "cuda":
+        return None
+    with count_syncs(dev) as full:
+        g = generate(t, drafter, prompt, dc)
+    with count_syncs(dev) as pre:
+        generate(t, drafter, prompt, dataclasses.replace(dc, max_new_tokens=1))
+    if full["n"] is None or not g.accept_lengths:
+        return None
+    return (full["n"] - pre["n"]) / len(g.accept_lengths)
+
+
+def _oracle_case(t, d, prompt, ar, n: int, dc, dev, near_tie: float, ref: list[int] | None = None) -> dict:
+    """One drafter at one forced acceptance: output vs AR, τ vs n + 1 per round, TPOT, syncs per round. `ref` is the
+    continuation the oracle forces (default AR's): in bf16 the verify path's own greedy text, so that a near-tie
+    where a k-row verify and a 1-row step round apart does not end the forced acceptance."""
+    import dataclasses
+
+    from specexp.decoding.engine import generate
+
+    ref = ar.tokens if ref is None else ref
+    o = OracleDrafter(d, ref, len(prompt), n, t.vocab_size, dev)
+    g = generate(t, o, prompt, dc)
+    j = _first_mismatch(g.tokens, ar.tokens)
+    j_ref = _first_mismatch(g.tokens, ref)
+    expect = [min(n, k) + 1 for k in g.drafted]           # a round drafting k <= n (the budget's end) takes k + 1
+    done, ok = 0, True
+    for got, want in zip(g.accept_lengths, expect):       # rounds wholly before a mismatch must accept exactly
+        if j_ref is not None and done + got > j_ref:
+            break
+        ok &= got == want
+        done += got
+    full = [a for a, k in zip(g.accept_lengths, g.drafted) if k == d.max_drafts]
+    row = {"n": n, "equal_to_ar": j is None, "tau": sum(g.accept_lengths) / len(g.accept_lengths),
+           "tau_full_rounds": sum(full) / len(full) if full else None, "rounds": len(g.accept_lengths),
+           "accept_exact": ok, "tpot_ms": 1e3 * g.decode_s / g.decode_tokens,
+           "syncs_per_round": _decode_syncs(t, o, prompt, dataclasses.replace(
+               dc, max_new_tokens=min(dc.max_new_tokens, 3 * (n + 1) + 2)), dev)}
+    if j is not None:
+        row["mismatch_at"] = j
+        row["mismatch_gap"] = _gap_at(t, prompt, ar.tokens, j)
+        row["near_tie"] = row["mismatch_gap"] < near_tie
+    return row
+
+
+def _oracle_sweep(ctx, t, label: str, layers: int, prompt: list[int], tokens: int, near_tie: float,
+                  f: dict, checks: dict, exact: bool) -> None:
+    """AR once (the oracle's continuation, TPOT, syncs), then every drafter at every n; figures into f[label]."""
+    from specexp import registry
+    from specexp.decoding.engine import DecodeConfig, generate
+
+    dev = ctx.device
+    dc = DecodeConfig(protocol="greedy", max_new_tokens=tokens)
+    generate(t, None, prompt, DecodeConfig(protocol="greedy", max_new_tokens=4))                 # warm-up
+    ar = generate(t, None, prompt, dc)
+    res = f[label] = {"ar": {"tpot_ms": 1e3 * ar.decode_s / ar.decode_tokens, "tokens": len(ar.tokens),
+                             "syncs_per_step": _decode_syncs(t, None, prompt, DecodeConfig(
+                                 protocol="greedy", max_new_tokens=8), dev)}, "drafters": {}}
+    for name, over in _oracle_drafters(ctx, layers).items():
+        with step(res, checks, f"{label}/{name}"):
+            d = registry.build_drafter(compose(over).drafter, t)
+            ns = sorted({min(n, d.max_drafts) for n in (ORACLE_NS if exact else ORACLE_NS_BF16)})
+            generate(t, OracleDrafter(d, ar.tokens, len(prompt), ns[-1], t.vocab_size, dev), prompt,
+                     DecodeConfig(protocol="greedy", max_new_tokens=2 * d.max_drafts + 2))   # warm-up: graphs, Triton
+            rows = res["drafters"][name] = {"K": d.max_drafts}
+            ref = None
+            if not exact:        # bf16: force the verify path's own text (its n = 0 run), report AR's near-ties
+                ref = generate(t, OracleDrafter(d, ar.tokens, len(prompt), 0, t.vocab_size, dev), prompt, dc).tokens
+                rows["reference"] = "the verify path's greedy text (n = 0)"
+            for n in ns:
+                row = rows[f"n={n}"] = _oracle_case(t, d, prompt, ar, n, dc, dev, near_tie, ref)
+                row["speedup_vs_ar"] = res["ar"]["tpot_ms"] / row["tpot_ms"]
+                checks[f"{label}/{name}/n={n}_output"] = row["equal_to_ar"] or (not exact and row["near_tie"])
+                checks[f"{label}/{name}/n={n}_accept_exact"] = row["accept_exact"]
+                ctx.save_partial(f, checks)
+        d = None
+        if dev.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+
+
+def part_oracle_decode(ctx) -> dict:
+    """End-to-end greedy decoding at Qwen3-8B widths through the real engine, each drafter forced by an oracle to
+    accept n drafts a round: lossless (fp32, 4 layers: exactly AR's tokens), τ = n + 1, TPOT vs AR, syncs/round."""
+    import random
+
+    import torch
+
+    dev = ctx.device
+    cuda = dev.type == "cuda"
+    P, G = (16, 12) if ctx.dry else (256, ctx.args.oracle_tokens)
+    rnd = random.Random(0)
+    prompt = [rnd.randrange(151643) for _ in range(P)]
+    f, checks, notes = {"prompt_tokens": P, "new_tokens": G, "ns": list(ORACLE_NS)}, {}, []
+    # fp32, 4 layers at 8B widths: the engine's accept / rollback / commit must reproduce AR exactly
+    with step(f, checks, "fp32"):
+        t, f["attn_implementation"] = _build_qwen3(ctx, _qwen3_shape(ctx, 4), torch.float32)
+        f["fp32_shape"] = _qwen3_shape(ctx, 4)
+        _oracle_sweep(ctx, t, "fp32", 1, prompt, G, 0.0, f, checks, exact=True)
+        t = None
+        if cuda:
+            torch.cuda.empty_cache()
+    if ctx.dry:                             # on a CPU the second sweep would repeat the first (fp32, same shape)
+        notes.append("dry run: one sweep (fp32, a 2-layer hidden-256 Qwen3), CPU timings, no sync counts; the bf16 "
+                     "sweep at 8B widths is GPU-only")
+        return {"figures": f, "checks": checks, "notes": notes}
+    # the real widths and depth in the real dtype: TPOT and syncs; bf16 near-ties are reported, not failed
+    with step(f, checks, "bf16"):
+        dtype = qwen3_dtype(ctx)
+        t0 = time.perf_counter()
+        t, _ = _build_qwen3(ctx, _qwen3_shape(ctx), dtype)
+        f["bf16_shape"], f["bf16_dtype"], f["build_s"] = _qwen3_shape(ctx), str(dtype), time.perf_counter() - t0
+        _oracle_sweep(ctx, t, "bf16", 5, prompt, G, ORACLE_NEAR_TIE, f, checks, exact=False)
+    f["peak_memory"] = peak_memory(dev)
+    return {"figures": f, "checks": checks,
+            "notes": notes + ["oracle: each round the drafter proposes for real, then its drafts become the AR "
+                              "continuation for n positions and a wrong token after; τ counts the bonus token",
+                              f"bf16: an output leaving AR's where the top-2 gap < {ORACLE_NEAR_TIE} is a near-tie "
+                              "(reported); fp32 must equal AR exactly",
+                              "syncs_per_round: a short run's CUDA syncs less a prefill-only run's, per round"]}
+
+
+PARTS = {   # name: (function, GPU time limit in s, Triton interpreted in a dry run); most valuable first (docstring)
+    "qwen3_8b_shape": (part_qwen3_8b_shape, 110, False),
+    "oracle_decode": (part_oracle_decode, 140, False),
+    "kernel_parity": (part_kernel_parity, 30, True),
+    "drafters_lossless": (part_drafters_lossless, 55, False),
+    "protocol_b_graph": (part_protocol_b_graph, 70, True),
+    "head_loop_graph": (part_head_loop_graph, 20, True),
+    "fusion_tiles_compile": (part_fusion_tiles_compile, 15, False),
+    "train_smoke": (part_train_smoke, 40, False),
 }
+ALIASES = {"fusion_kernel": "kernel_parity"}     # the former name of kernel_parity's timing half
+BUDGET_S = 480                                   # the whole check on a GPU: the limits above sum to at most this
+DRY_LIMIT_S = 900                                # per part in a dry run (CPU times, not budgeted)
+assert sum(limit for _, limit, _ in PARTS.values()) <= BUDGET_S
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -679,6 +1112,14 @@ class Ctx:
                 raise Skip("CUDA is not available (run with --dry-run on a CPU)")
             self.device = torch.device(args.device)
             torch.cuda.set_device(self.device)
+
+    def save_partial(self, figures: dict, checks: dict, notes: list | None = None) -> None:
+        """The part's figures so far, where the parent looks for its result: a part killed at its time limit still
+        reports what it measured before (status failed, the timeout as its error)."""
+        if self.args.part_json:
+            write_report(Path(self.args.part_json), {
+                "status": "failed", "figures": figures, "checks": checks, "notes": notes or [], "partial": True,
+                "error": "incomplete: the part stopped before its end (figures up to its last checkpoint)"})
 
 
 def run_one(name: str, args) -> dict:
@@ -736,17 +1177,53 @@ def write_report(path: Path, report: dict) -> None:
     os.replace(tmp, path)
 
 
+def run_child(name: str, args, argv, work: Path, limit: float) -> dict:
+    """One part in its own process, killed at `limit` seconds; its result file, or what it saved before dying."""
+    fn, _, interpreted = PARTS[name]
+    env = dict(os.environ)
+    if args.dry_run and interpreted:
+        env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
+    res_file, log = work / f"{name}.json", work / f"{name}.log"
+    res_file.unlink(missing_ok=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), *(argv if argv is not None else sys.argv[1:]),
+           "--run-part", name, "--part-json", str(res_file), "--work-dir", str(work / name)]
+    print(f"gpu_check: {name} ...", flush=True)
+    p0 = time.perf_counter()
+    timed_out = False
+    try:
+        with log.open("w") as f:
+            rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, timeout=limit).returncode
+    except subprocess.TimeoutExpired:
+        timed_out, rc = True, None
+    res = json.loads(res_file.read_text()) if res_file.exists() else {
+        "status": "failed", "figures": None, "checks": {}, "notes": [], "error": None}
+    if timed_out:
+        res.update(status="failed", error=f"timed out after {limit:.0f} s"
+                   + (" (figures: up to the part's last checkpoint)" if res.get("figures") else ""))
+    elif res.get("partial") or not res_file.exists():
+        res.update(status="failed", error=f"the part's process exited with {rc} before its end")
+    res["wall_s"] = time.perf_counter() - p0
+    res["limit_s"] = limit
+    if res["status"] == "failed":
+        res["log_tail"] = log.read_text(errors="replace")[-4000:] if log.exists() else None
+    return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--out", default="gpu_check.json", help="the JSON report (default gpu_check.json)")
     ap.add_argument("--dry-run", action="store_true", help="CPU, small sizes, Triton interpreted")
-    ap.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset (default: all)")
+    ap.add_argument("--parts", "--sections", dest="parts", default=",".join(PARTS),
+                    help="comma-separated subset to run, in the given order (default: all, most valuable first)")
     ap.add_argument("--list", action="store_true", help="list the parts and exit")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--hbm-tbs", type=float, default=4.8, help="HBM bandwidth for the floor, TB/s (H200: 4.8)")
     ap.add_argument("--layers", type=int, default=36, help="decoder layers of the Qwen3-8B-shaped target")
     ap.add_argument("--context", type=int, default=1024, help="prompt tokens before the timed steps")
+    ap.add_argument("--oracle-tokens", type=int, default=48, help="new tokens per oracle_decode generation")
     ap.add_argument("--timeout-scale", type=float, default=1.0, help="multiplies every part's time limit")
     ap.add_argument("--work-dir", default=None, help="scratch directory (default: a temporary one, removed)")
     ap.add_argument("--run-part", help=argparse.SUPPRESS)
@@ -755,7 +1232,7 @@ def main(argv=None) -> int:
     if args.list:
         print("\n".join(PARTS))
         return 0
-    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    parts = [ALIASES.get(p.strip(), p.strip()) for p in args.parts.split(",") if p.strip()]
     bad = [p for p in parts if p not in PARTS]
     if bad:
         print(f"gpu_check: unknown part {bad[0]!r}; valid: {', '.join(PARTS)}", file=sys.stderr)
@@ -764,6 +1241,7 @@ def main(argv=None) -> int:
                  ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(k, v)
     if args.run_part:                                                   # the child: one part, its result to a file
+        faulthandler.dump_traceback_later(20, repeat=True, file=sys.stderr)   # where a part's time goes, in its log
         Path(args.part_json).write_text(json.dumps(run_one(args.run_part, args), default=str))
         return 0
 
@@ -775,34 +1253,15 @@ def main(argv=None) -> int:
         report = {"specexp_gpu_check": FORMAT, "mode": "dry-run" if args.dry_run else "gpu",
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": [sys.executable, *sys.argv],
                   "environment": environment(args), "parts": {}, "summary": {}}
+        deadline = 0.0
         for name in parts:
-            fn, limit, interpreted = PARTS[name]
-            env = dict(os.environ)
-            if args.dry_run and interpreted:
-                env["TRITON_INTERPRET"] = "1"
-            else:
-                env.pop("TRITON_INTERPRET", None)
-            res_file = work / f"{name}.json"
-            log = work / f"{name}.log"
-            cmd = [sys.executable, str(Path(__file__).resolve()), *(argv if argv is not None else sys.argv[1:]),
-                   "--run-part", name, "--part-json", str(res_file), "--work-dir", str(work / name)]
-            print(f"gpu_check: {name} ...", flush=True)
-            p0 = time.perf_counter()
-            try:
-                with log.open("w") as f:
-                    rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
-                                        timeout=limit * args.timeout_scale).returncode
-                res = json.loads(res_file.read_text()) if res_file.exists() else {
-                    "status": "failed", "figures": None, "checks": {}, "notes": [],
-                    "error": f"the part's process exited with {rc} without a result"}
-            except subprocess.TimeoutExpired:
-                res = {"status": "failed", "figures": None, "checks": {}, "notes": [],
-                       "error": f"timed out after {limit * args.timeout_scale:.0f} s"}
-            res["wall_s"] = time.perf_counter() - p0
-            if res["status"] == "failed":
-                res["log_tail"] = log.read_text(errors="replace")[-4000:] if log.exists() else None
+            # cumulative deadlines: part i must end by the sum of the limits up to i, so time a part leaves unused
+            # goes to the later ones and the whole run never exceeds the sum (BUDGET_S)
+            deadline += (DRY_LIMIT_S if args.dry_run else PARTS[name][1]) * args.timeout_scale
+            limit = max(deadline - (time.perf_counter() - t0), 1.0)
+            res = run_child(name, args, argv, work, limit)
             report["parts"][name] = res
-            print(f"gpu_check: {name} {res['status']} ({res['wall_s']:.0f} s)"
+            print(f"gpu_check: {name} {res['status']} ({res['wall_s']:.0f} s of {limit:.0f})"
                   + (f": {str(res['error']).strip().splitlines()[-1]}" if res["error"] else ""), flush=True)
             report["summary"] = {s: sum(r["status"] == s for r in report["parts"].values())
                                  for s in ("passed", "failed", "skipped")}

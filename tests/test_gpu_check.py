@@ -7,8 +7,8 @@ import sys
 import pytest
 from conftest import ROOT
 
-PARTS = ["fusion_kernel", "fusion_tiles_compile", "head_loop_graph", "drafters_lossless", "protocol_b_graph",
-         "train_smoke", "qwen3_8b_shape"]
+PARTS = ["qwen3_8b_shape", "oracle_decode", "kernel_parity", "drafters_lossless", "protocol_b_graph",
+         "head_loop_graph", "fusion_tiles_compile", "train_smoke"]     # most valuable first
 
 
 @pytest.mark.slow
@@ -28,11 +28,19 @@ def test_dry_run_writes_one_report_where_every_part_passed(tmp_path):
     for name, p in r["parts"].items():
         assert {"status", "figures", "checks", "notes", "error", "seconds", "wall_s"} <= set(p), name
         assert p["checks"] and all(v is True for v in p["checks"].values()), (name, p["checks"])
-    k = r["parts"]["fusion_kernel"]["figures"]
+    k = r["parts"]["kernel_parity"]["figures"]
     assert k["interpreted"] and set(k["tiles"]) == {"auto", *TILES} and k["fastest_tile_greedy"] in TILES
-    c = r["parts"]["fusion_tiles_compile"]["figures"]
-    assert c["arch"] == "sm_90" and all(c["per_thread"][f"{t}/greedy"]["stack"] == 0 for t in AUTOTUNE)
+    assert all(t["all_written"] and t["greedy_wrong"] == 0 for t in k["tiles"].values())
+    c = r["parts"]["fusion_tiles_compile"]["figures"]                         # compiled as launched (aligned)
+    assert c["arch"] == "sm_90" and all(c["per_thread"][f"{t}/{m}"]["stack"] == 0 for t in AUTOTUNE
+                                        for m in ("greedy", "sampled", "sampled@1", "sampled@2"))
     assert c["per_thread"]["1024x64w4/greedy"]["stack"] > 0                  # the first shipped tile spills
+    o = r["parts"]["oracle_decode"]["figures"]["fp32"]["drafters"]           # forced acceptance, exactly AR's output
+    assert set(o) == {"dflash", "dels_rnn", "dels_markov", "domino_ft", "eagle3"}
+    for rows in o.values():
+        for key, row in rows.items():
+            if key != "K":
+                assert row["equal_to_ar"] and row["accept_exact"] and row["tau_full_rounds"] in (None, row["n"] + 1)
     drafters = [n for n, e in registry.DRAFTERS.items() if e.build is not None]
     assert set(r["parts"]["drafters_lossless"]["figures"]) == set(drafters)
     q = r["parts"]["qwen3_8b_shape"]["figures"]

@@ -16,9 +16,11 @@ Two implementations of the same contract live here: `fuse_torch` (the reference,
 sum-exp, and a few torch ops combine the tiles). `pick_backend` chooses by device. Ties go to the lowest token id in
 both, as torch.argmax.
 
-Tiles (`TILES`): a program holds a BLOCK x BLOCK_R fp32 tile of W spread over 32 * warps threads. Compiled offline
-for sm_90 (Triton 3.9, r = 256), 64 values per thread use no stack, 128 spill (904 B of stack per thread) and the
-first shipped tile, 1024 x 64 on 4 warps (512 values per thread), uses 13.6 KB of stack per thread. On a GPU
+Tiles (`TILES`): a program holds a BLOCK x BLOCK_R fp32 tile of W spread over 32 * warps threads. Compiled for sm_90
+as a launch specialises them (16-byte-aligned pointers and V = 151936 get tt.divisibility=16; r = 256, Triton 3.6 and
+3.9), the tiles of `AUTOTUNE` use 56 to 97 registers and no stack, and the first shipped tile, 1024 x 64 on 4 warps
+(512 values per thread), 255 registers and 152 B of stack per thread (compiled without those hints, as an earlier
+check did, it showed 13.6 KB). On a GPU
 `triton.autotune` picks among the spill-free tiles (`AUTOTUNE`) once per vocabulary size, rank, mode and dtype,
 outside any CUDA-graph capture (the graph's warm-up calls run first); under `TRITON_INTERPRET` (no registers, no
 timing) one fixed tile runs. `scripts/gpu_check.py` measures every tile (time per call, registers, stack).
