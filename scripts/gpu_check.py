@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import faulthandler
 import json
 import math
 import os
@@ -1241,7 +1240,6 @@ def main(argv=None) -> int:
                  ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(k, v)
     if args.run_part:                                                   # the child: one part, its result to a file
-        faulthandler.dump_traceback_later(20, repeat=True, file=sys.stderr)   # where a part's time goes, in its log
         Path(args.part_json).write_text(json.dumps(run_one(args.run_part, args), default=str))
         return 0
 
