@@ -51,6 +51,7 @@ def collect(src: Path, out: Path) -> None:
         for name in REPLAY_FILES:
             if (replay / name).exists():
                 shutil.copy2(replay / name, dst / "replay" / name)
+        load_records(replay)                # checked by the store's one reader before it is copied
         with open(replay / "samples.jsonl", "rb") as f, \
                 gzip.GzipFile(dst / "replay" / "samples.jsonl.gz", "wb", mtime=0) as g:     # mtime 0: reproducible
             shutil.copyfileobj(f, g)

@@ -423,8 +423,7 @@ def collect(src: Path, root: Path) -> None:
             if (run / name).exists() and not (grid and name in ("run.json", "summary.md")):
                 shutil.copy2(run / name, dst / name)
         # the per-turn accept lengths, not the texts and tokens (a replay's are its references', kept once beside them)
-        lines = [json.dumps({k: v for k, v in json.loads(x).items() if k not in ("text", "tokens")})
-                 for x in (run / "samples.jsonl").read_text().splitlines()]
+        lines = [json.dumps({k: v for k, v in r.items() if k not in ("text", "tokens")}) for r in load_records(run)]
         with gzip.GzipFile(dst / "samples.jsonl.gz", "wb", mtime=0) as g:
             g.write("".join(x + "\n" for x in lines).encode())
         print(f"collected {run} -> {dst}")

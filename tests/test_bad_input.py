@@ -1,6 +1,7 @@
-"""Every bad input through the real CLI (`specexp.__main__.main`, in process): exit code 2, exactly one line
-`specexp: error: ...` naming the bad value and what would be valid, no traceback, and nothing written to the run
-directory when the fault is known before any work."""
+"""Every bad input through the real CLI (`specexp.__main__.main`, in process), as one table (CASES): exit code 2,
+exactly one line `specexp: error: ...` naming the bad value and what would be valid, no traceback, and no file
+written or changed. Below the table: what the same readers accept, the faults that arise mid-run (a full disk),
+sweeps whose jobs fail one by one, and the last-resort guard for internal errors (exit 1, the traceback logged)."""
 import json
 import os
 import sys
@@ -101,86 +102,354 @@ def bad(tmp_path_factory):
     return root
 
 
+# ---------------------------------------------------------------------------------------------- inputs the table uses
+TINY = ["target=tiny_qwen3", "drafter=none", "eval.num_samples=1", "eval.max_new_tokens=2", "benchmark=gsm8k",
+        "logger=none", "eval.warmup=0", "eval.progress=false", "device=cpu"]
+EAGLE_TREE = [*TINY, "drafter=eagle3", "drafter.init=random", "drafter.mode=tree"]
+TRAIN = ["task=train", "target=tiny_qwen3", "drafter=dflash", "drafter.init=random", "data=smoke", "train=smoke",
+         "logger=none", "device=cpu"]
+PRIOR = ["task=prior", "target=tiny_qwen3", "data=smoke", "logger=none", "device=cpu"]
+REPLAY = ["task=replay", *SMALL, "replay.cache_dir=TMP/cache", "replay.tap_cache=false"]
+COMPARE = ["task=compare", "compare.a=TMP/a", "compare.b=TMP/b", "logger=none"]
+HUB = [*TRAIN, "data.source=hub", "data.hub.id=TMP/hub.jsonl", "data.hub.format=sharegpt"]
+CORES = os.cpu_count() or 1
+GOOD_REC = {"id": "q1", "benchmark": "gsm8k", "turn": 0, "accept_lengths": [1, 2], "text_sha256": "x"}
+MSG = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}
+
+
+def _rec(i, **change):
+    return json.dumps({**GOOD_REC, "id": f"q{i}", **change})
+
+
+def _without(key):
+    return json.dumps({k: v for k, v in GOOD_REC.items() if k != key})
+
+
+def _run_dir(path, lines, packed=False):
+    """A run directory holding `lines` as its samples.jsonl (gzipped with `packed`) and a summary."""
+    import gzip
+
+    path.mkdir(parents=True, exist_ok=True)
+    data = "".join(x + "\n" for x in lines).encode()
+    if packed:
+        (path / "samples.jsonl.gz").write_bytes(gzip.compress(data))
+    else:
+        (path / "samples.jsonl").write_bytes(data)
+    (path / "summary.json").write_text(json.dumps({"drafter": "dflash", "mode": "replay"}))
+    return path
+
+
+# Setups: each makes the files a case names (under TMP, the test's tmp_path), given (tmp, bad, monkeypatch).
+def runs(a_lines, packed=False):
+    """Run directories TMP/a (these lines) and TMP/b (three good records), as compare reads them."""
+    def setup(tmp, bad, mp):
+        _run_dir(tmp / "a", a_lines, packed)
+        _run_dir(tmp / "b", [_rec(1), _rec(2), _rec(3)])
+    return setup
+
+
+def corrupt_summary(tmp, bad, mp):
+    (_run_dir(tmp / "a", [_rec(1)]) / "summary.json").write_bytes(b'{"drafter": "df')
+
+
+def file_at(rel, content):
+    """TMP/rel holding `content` (bytes or text); None makes a directory there."""
+    def setup(tmp, bad, mp):
+        f = tmp / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        if content is None:
+            f.mkdir()
+        else:
+            (f.write_bytes if isinstance(content, bytes) else f.write_text)(content)
+    return setup
+
+
+def corpus(line: bytes):
+    """TMP/corpus/gsm8k_train.jsonl: one good conversation, then `line`."""
+    good = json.dumps({"id": "c0", "messages": list(MSG)}).encode()
+    return file_at("corpus/gsm8k_train.jsonl", good + b"\n" + line + b"\n")
+
+
+def hub_file(lines):
+    return file_at("hub.jsonl", "".join(x + "\n" for x in lines))
+
+
+def model_without_tokenizer(tmp, bad, mp):
+    import shutil
+
+    (tmp / "no_tokenizer").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy2(bad / "good" / name, tmp / "no_tokenizer" / name)
+
+
+def checkpoint_at(rel):
+    return file_at(f"{rel}/config.json", "{}")
+
+
+def evil_dels_head(tmp, bad, mp):
+    class Evil:                                   # unpickling it would run os.system
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    (tmp / "release").mkdir()
+    torch.save({"head": Evil()}, tmp / "release" / "local_head.pt")
+    torch.save({"counts": torch.ones(4)}, tmp / "release" / "loss_mask_unigram.pt")
+
+
+def broken_plugin(tmp, bad, mp):
+    (tmp / "specexp_boom_plugin.py").write_text("raise RuntimeError('the plugin is broken')\n")
+    mp.syspath_prepend(str(tmp))
+    mp.setenv("SPECEXP_PLUGINS", "specexp_boom_plugin")
+
+
+def offline(tmp, bad, mp):
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setenv("HF_DATASETS_OFFLINE", "1")
+
+
+# ---------------------------------------------------------------------------------------------- the table
+def case(name, args, expected, setup=None, slow=False):
+    """One bad input: `args` (BAD = the `bad` fixture's directory, TMP = the test's tmp_path; the run directory is
+    TMP/run unless the args name one), the fragment(s) its one line must hold, and what `setup` makes first."""
+    return pytest.param(args, (expected,) if isinstance(expected, str) else expected, setup, id=name,
+                        marks=[pytest.mark.slow] if slow else [])
+
+
 CASES = [
-    # (id, arguments (BAD = the fixture's directory), expected fragment of the one line)
-    ("block_size_0", [*SMALL, "drafter.block_size=0"], "drafter.block_size=0 is not valid; expected an int >= 2"),
-    ("block_size_1", [*SMALL, "drafter.block_size=1"], "drafter.block_size=1 is not valid; expected an int >= 2"),
-    ("num_layers_0", [*SMALL, "drafter.num_layers=0"], "drafter.num_layers=0 is not valid; expected an int >= 1"),
-    ("revision_num", [*SMALL, "drafter.revision=1.5"],
-     "drafter.revision=1.5 is not valid; expected a hub branch, tag or commit, or null"),
-    ("layer_ids_99", [*SMALL, "drafter.target_layer_ids=[99]"],
-     "drafter.target_layer_ids=[99] out of range for target tiny_qwen3 (layers 0..3)"),
-    ("cpu_threads_neg", [*SMALL, "cpu_threads=-2"], "cpu_threads=-2 is not valid; expected an int >= 1, or null"),
-    ("cpu_threads_abc", [*SMALL, "cpu_threads=abc"], "cpu_threads='abc' is not valid; expected an int >= 1"),
-    ("cpu_threads_0", [*SMALL, "cpu_threads=0"], "cpu_threads=0 is not valid; expected an int >= 1"),
-    ("max_drafts_0", [*SMALL, "eval.max_drafts=0"],
-     "eval.max_drafts=0 is not valid; expected an int >= 1, or null (the drafter's own number of drafts)"),
-    ("warmup_neg", [*SMALL, "eval.warmup=-3"], "eval.warmup=-3 is not valid; expected an int >= 0"),
-    ("shuffle_seed_abc", [*SMALL, "eval.shuffle_seed=abc"], "eval.shuffle_seed='abc' is not valid; expected an int"),
-    ("split_bad", [*SMALL, "eval.split=test"], "eval.split='test' is not valid; expected eval or tune"),
-    ("tune_samples_neg", [*SMALL, "eval.tune_samples=-2"], "eval.tune_samples=-2 is not valid; expected an int >= 0"),
-    ("bool_as_str", [*SMALL, "eval.save_text=abc"], "eval.save_text='abc' has type str; expected bool"),
-    ("list_for_scalar", [*SMALL, "eval.max_new_tokens=[4]"], "eval.max_new_tokens=[4] is not valid"),
-    ("scalar_for_list", [*SMALL, "benchmark.names=gsm8k"], "benchmark.names='gsm8k' is not valid; expected a non"),
-    ("lr_nan", [*SMALL, "task=train", "train.lr=nan"], "train.lr=nan is not valid; expected a finite number > 0"),
-    ("top_level_typo", [*SMALL, "evall.num_samples=3"],
-     "unknown key 'evall.num_samples'; valid keys at the top level (config groups and keys): benchmark, cpu_threads"),
-    ("nested_typo", [*SMALL, "eval.nums=3"], "unknown key 'eval.nums'; valid keys under 'eval': check_lossless"),
-    ("added_key", [*SMALL, "+eval.nums=3"], "unknown key 'eval.nums'; valid keys under 'eval': check_lossless"),
-    ("experiment_adds_key", ["experiment=mini_dels_rnn", *SMALL, "drafter=dflash", "task=eval"],
-     "unknown key 'drafter.head' (set by experiment=mini_dels_rnn); valid keys under 'drafter': block_size"),
-    ("sweep_file_adds_key", ["--config-dir", "BAD/sweeps", "--config-name", "bad_sweep", *SMALL],
-     "unknown key 'eval.num_sample' (set by --config-name bad_sweep); valid keys under 'eval'"),
-    ("device_malformed", [*SMALL, "device=cuda:abc"],
-     "device='cuda:abc' is not valid; expected auto, cpu, cuda or cuda:N"),
-    ("run_dir_under_a_file", [*SMALL, "hydra.run.dir=BAD/a_file/run"], "a_file is not a directory"),
-    ("hf_no_config", [*HF, "target.path=BAD/empty"], "empty': no config.json (not an HF model directory)"),
-    ("hf_garbage", [*HF, "target.path=BAD/garbage"], "garbage': cannot read model.safetensors (SafetensorError"),
-    ("hf_truncated", [*HF, "target.path=BAD/truncated"], "truncated': cannot read model.safetensors"),
-    ("hf_pickle", [*HF, "target.path=BAD/pickle"], "pytorch_model.bin is a pickle file; only safetensors weights"),
-    ("hf_partial", [*HF, "target.path=BAD/partial"], "missing tensor model.layers.1."),
-    ("hf_no_weights", [*HF, "target.path=BAD/no_weights"], "no model.safetensors (nor model.safetensors.index.json)"),
-    ("hf_bare_config", [*HF, "target.path=BAD/bare_config"],
-     "missing tensor lm_head.weight (and 330 more): the weights do not match config.json (qwen3, 32 layers)"),
-    ("hf_bare_no_weights", [*HF, "target.path=BAD/bare_no_weights"], "no model.safetensors"),
-    ("dflash_list", [*CKPT, "drafter.checkpoint=BAD/dflash_list"], "config.json must hold a JSON object, found list"),
-    ("dflash_str_hidden", [*CKPT, "drafter.checkpoint=BAD/dflash_str_hidden"],
-     "config.json: hidden_size='64' must be an int >= 1"),
-    ("dflash_zero_heads", [*CKPT, "drafter.checkpoint=BAD/dflash_zero_heads"],
-     "config.json: num_attention_heads=0 must be an int >= 1"),
-    ("dflash_bad_index", [*CKPT, "drafter.checkpoint=BAD/dflash_bad_index"],
-     "model.safetensors.index.json is not valid JSON"),
-    ("dflash_no_weight_map", [*CKPT, "drafter.checkpoint=BAD/dflash_no_weight_map"],
-     "model.safetensors.index.json needs a non-empty 'weight_map'"),
-    ("shard_out_of_range", [*SMALL, "eval.shard=2/2"],
-     "eval.shard='2/2' is not valid; expected null (unsharded) or 'I/N' with ints 0 <= I < N, e.g. eval.shard=0/2"),
-    ("shard_not_a_split", [*SMALL, "eval.shard=half"], "eval.shard='half' is not valid; expected null (unsharded)"),
-    ("shard_of_training", [*SMALL, "task=train", "eval.shard=0/2"],
-     "eval.shard='0/2' applies to task=eval and task=replay only (this is task=train); drop eval.shard"),
-    ("merge_without_runs", [*SMALL, "task=merge"], "merge.runs is empty; name the shard directories of one run"),
-    ("merge_runs_not_a_list", [*SMALL, "task=merge", "merge.runs=DIR"],
-     "merge.runs='DIR' is not valid; expected a list of shard directories"),
-    ("merge_of_no_run", [*SMALL, "task=merge", "merge.runs=[BAD/empty]"],
-     "merge.runs: BAD/empty holds no run.json: neither a run directory nor a directory of runs"),
-    ("launcher_unknown", [*SMALL, "hydra/launcher=slrum"], "hydra/launcher=slrum is not an option; choose one of: "),
-    ("prompt_alone_too_long", [*SMALL, "target.max_context=40"],
-     "tokens, + 15 drafts) exceeds the target context of 40; no eval.max_new_tokens fits"),
+    # ---- config values, keys and types
+    case("block_size_0", [*SMALL, "drafter.block_size=0"], "drafter.block_size=0 is not valid; expected an int >= 2"),
+    case("block_size_1", [*SMALL, "drafter.block_size=1"], "drafter.block_size=1 is not valid; expected an int >= 2"),
+    case("num_layers_0", [*SMALL, "drafter.num_layers=0"], "drafter.num_layers=0 is not valid; expected an int >= 1"),
+    case("revision_num", [*SMALL, "drafter.revision=1.5"],
+         "drafter.revision=1.5 is not valid; expected a hub branch, tag or commit, or null"),
+    case("layer_ids_99", [*SMALL, "drafter.target_layer_ids=[99]"],
+         "drafter.target_layer_ids=[99] out of range for target tiny_qwen3 (layers 0..3)"),
+    case("cpu_threads_neg", [*SMALL, "cpu_threads=-2"], "cpu_threads=-2 is not valid; expected an int >= 1, or null"),
+    case("cpu_threads_abc", [*SMALL, "cpu_threads=abc"], "cpu_threads='abc' is not valid; expected an int >= 1"),
+    case("cpu_threads_0", [*SMALL, "cpu_threads=0"], "cpu_threads=0 is not valid; expected an int >= 1"),
+    case("max_drafts_0", [*SMALL, "eval.max_drafts=0"],
+         "eval.max_drafts=0 is not valid; expected an int >= 1, or null (the drafter's own number of drafts)"),
+    case("warmup_neg", [*SMALL, "eval.warmup=-3"], "eval.warmup=-3 is not valid; expected an int >= 0"),
+    case("shuffle_seed_abc", [*SMALL, "eval.shuffle_seed=abc"],
+         "eval.shuffle_seed='abc' is not valid; expected an int"),
+    case("split_bad", [*SMALL, "eval.split=test"], "eval.split='test' is not valid; expected eval or tune"),
+    case("tune_samples_neg", [*SMALL, "eval.tune_samples=-2"],
+         "eval.tune_samples=-2 is not valid; expected an int >= 0"),
+    case("bool_as_str", [*SMALL, "eval.save_text=abc"], "eval.save_text='abc' has type str; expected bool"),
+    case("list_for_scalar", [*SMALL, "eval.max_new_tokens=[4]"], "eval.max_new_tokens=[4] is not valid"),
+    case("scalar_for_list", [*SMALL, "benchmark.names=gsm8k"],
+         "benchmark.names='gsm8k' is not valid; expected a non"),
+    case("lr_nan", [*SMALL, "task=train", "train.lr=nan"], "train.lr=nan is not valid; expected a finite number > 0"),
+    case("top_level_typo", [*SMALL, "evall.num_samples=3"],
+         "unknown key 'evall.num_samples'; valid keys at the top level (config groups and keys): benchmark, "
+         "cpu_threads"),
+    case("nested_typo", [*SMALL, "eval.nums=3"], "unknown key 'eval.nums'; valid keys under 'eval': check_lossless"),
+    case("added_key", [*SMALL, "+eval.nums=3"], "unknown key 'eval.nums'; valid keys under 'eval': check_lossless"),
+    case("experiment_adds_key", ["experiment=mini_dels_rnn", *SMALL, "drafter=dflash", "task=eval"],
+         "unknown key 'drafter.head' (set by experiment=mini_dels_rnn); valid keys under 'drafter': block_size"),
+    case("sweep_file_adds_key", ["--config-dir", "BAD/sweeps", "--config-name", "bad_sweep", *SMALL],
+         "unknown key 'eval.num_sample' (set by --config-name bad_sweep); valid keys under 'eval'"),
+    case("device_malformed", [*SMALL, "device=cuda:abc"],
+         "device='cuda:abc' is not valid; expected auto, cpu, cuda or cuda:N"),
+    case("num_samples_unknown_key", [*TINY, "eval.num_samples={gsm9k: 2}"],
+         "eval.num_samples: 'gsm9k' is not among benchmark.names (the selected benchmarks); the keys must be one of: "
+         "gsm8k"),
+    case("tune_samples_unknown_key", [*TINY, "eval.tune_samples={gsm9k: 2}"],
+         "unknown key 'eval.tune_samples.gsm9k'; valid keys under 'eval.tune_samples': aime25, alpaca, gsm8k"),
+    case("duplicate_benchmarks", [*TINY, "benchmark.names=[gsm8k,gsm8k]"],
+         "benchmark.names=['gsm8k', 'gsm8k'] is not valid; expected a non-empty list of benchmark names, each named "
+         "once"),
+    case("shard_out_of_range", [*SMALL, "eval.shard=2/2"],
+         "eval.shard='2/2' is not valid; expected null (unsharded) or 'I/N' with ints 0 <= I < N, e.g. "
+         "eval.shard=0/2"),
+    case("shard_not_a_split", [*SMALL, "eval.shard=half"],
+         "eval.shard='half' is not valid; expected null (unsharded)"),
+    case("shard_of_training", [*SMALL, "task=train", "eval.shard=0/2"],
+         "eval.shard='0/2' applies to task=eval and task=replay only (this is task=train); drop eval.shard"),
+    case("merge_without_runs", [*SMALL, "task=merge"], "merge.runs is empty; name the shard directories of one run"),
+    case("merge_runs_not_a_list", [*SMALL, "task=merge", "merge.runs=DIR"],
+         "merge.runs='DIR' is not valid; expected a list of shard directories"),
+    case("merge_of_no_run", [*SMALL, "task=merge", "merge.runs=[BAD/empty]"],
+         "merge.runs: BAD/empty holds no run.json: neither a run directory nor a directory of runs"),
+    case("launcher_unknown", [*SMALL, "hydra/launcher=slrum"],
+         "hydra/launcher=slrum is not an option; choose one of: "),
+    case("bf16_true_on_cpu", [*TRAIN, "train.precision=bf16-true"],
+         "train.precision=bf16-true does not run on the CPU (device=cpu): the float32 target features meet "
+         "half-precision weights; use train.precision=bf16-mixed or 32"),
+
+    # ---- sizes: refused before anything is allocated (config.py states each bound)
+    case("cpu_threads_above_cores", [*TINY, f"cpu_threads={CORES + 1}"],
+         f"cpu_threads={CORES + 1} is not valid; expected an int >= 1, or null (torch's default); at most this "
+         f"machine's {CORES} cores"),
+    case("tree_top_k_huge", [*EAGLE_TREE, "drafter.tree.top_k=100000"],
+         "drafter.tree.top_k=100000 is not valid; expected an int >= 1, and at most the draft vocabulary; at most 64"),
+    case("tree_top_k_above_vocab", [*EAGLE_TREE, "drafter.tree.top_k=20", "drafter.draft_vocab_size=10"],
+         "drafter.tree.top_k=20 exceeds drafter.draft_vocab_size=10; choose top_k <= 10"),
+    case("tree_total_tokens_huge", [*EAGLE_TREE, "drafter.tree.total_tokens=10000000"],
+         "drafter.tree.total_tokens=10000000 is not valid; expected an int >= 2 (the anchor + at least one draft); "
+         "at most 1,024"),
+    case("tree_depth_huge", [*EAGLE_TREE, "drafter.tree.depth=1000"],
+         "drafter.tree.depth=1000 is not valid; expected an int >= 0 (expansion steps after the first level); at "
+         "most 64"),
+    case("max_new_tokens_huge", [*TINY, "eval.max_new_tokens=10000000000"],
+         "eval.max_new_tokens=10000000000 is not valid; expected an int >= 1; at most 1,048,576"),
+    case("num_samples_huge", [*TINY, "eval.num_samples=100000000000"],
+         "eval.num_samples=100000000000 is not valid; expected an int >= 1"),
+    case("block_size_huge", [*TINY, "drafter=dflash", "drafter.init=random", "drafter.block_size=100000"],
+         "drafter.block_size=100000 is not valid; expected an int >= 2 (the anchor + at least one draft); at most "
+         "1,024"),
+    case("num_layers_huge", [*TINY, "drafter=dflash", "drafter.init=random", "drafter.num_layers=100000"],
+         "drafter.num_layers=100000 is not valid; expected an int >= 1; at most 256"),
+    case("target_width_huge", [*TINY, "target.hidden_size=10000000"],
+         "target.hidden_size=10000000 is not valid; expected an int >= 1; at most 65,536"),
+    case("anchors_huge", [*TRAIN, "train.num_anchors=100000000"],
+         "train.num_anchors=100000000 is not valid; expected an int >= 1; at most 4,096"),
+    case("prompt_alone_too_long", [*SMALL, "target.max_context=40"],
+         "tokens, + 15 drafts) exceeds the target context of 40; no eval.max_new_tokens fits", slow=True),
+
+    # ---- the entry point and the run directory (the store's claim rules hold for every task)
+    case("run_dir_empty", [*TINY, "hydra.run.dir=''"], "hydra.run.dir='' is empty; name a directory for the run's "
+                                                        "files"),
+    case("sweep_dir_empty", ["-m", *TINY, "hydra.sweep.dir=''"], "hydra.sweep.dir='' is empty"),
+    case("run_dir_under_a_file", [*SMALL, "hydra.run.dir=TMP/a_file/run"], "a_file is not a directory",
+         file_at("a_file", "")),
+    case("metrics_file_is_a_directory", [*SMALL, "logger=csv"],
+         "metrics.csv is a directory but the run writes a file there", file_at("run/metrics.csv", None)),
+    case("compare_into_another_run", [*COMPARE, "hydra.run.dir=TMP/a"],
+         "hydra.run.dir=TMP/a holds another run's results (samples.jsonl); task=compare writes its files into a "
+         "directory of its own", runs([_rec(1)])),
+    case("train_into_another_run", [*TRAIN, "hydra.run.dir=TMP/a"],
+         "hydra.run.dir=TMP/a holds another run's results (samples.jsonl); task=train writes", runs([_rec(1)])),
+    case("regenerate_into_another_run", ["task=regenerate", "target=tiny_qwen3", "data=smoke", "logger=none",
+                                         "device=cpu", "hydra.run.dir=TMP/a"],
+         "hydra.run.dir=TMP/a holds another run's results (samples.jsonl); task=regenerate writes", runs([_rec(1)])),
+    case("run_dir_is_checkpoint", [*TINY, "drafter=eagle3", "drafter.init=checkpoint", "drafter.checkpoint=TMP/ckpt",
+                                   "hydra.run.dir=TMP/ckpt"],
+         ("drafter.checkpoint=TMP/ckpt", "choose a hydra.run.dir outside it"), checkpoint_at("ckpt")),
+    case("run_dir_inside_checkpoint", [*TINY, "drafter=eagle3", "drafter.init=checkpoint",
+                                       "drafter.checkpoint=TMP/ckpt", "hydra.run.dir=TMP/ckpt/results"],
+         ("drafter.checkpoint=TMP/ckpt", "choose a hydra.run.dir outside it"), checkpoint_at("ckpt")),
+    case("checkpoint_inside_run", [*TINY, "drafter=eagle3", "drafter.init=checkpoint",
+                                   "drafter.checkpoint=TMP/run/ckpt"],
+         ("drafter.checkpoint=TMP/run/ckpt", "is inside the run directory"), checkpoint_at("run/ckpt")),
+    case("plugin_raises_on_import", TINY, "SPECEXP_PLUGINS: importing 'specexp_boom_plugin' raised RuntimeError: "
+                                          "the plugin is broken", broken_plugin),
+
+    # ---- model and checkpoint directories
+    case("hf_no_config", [*HF, "target.path=BAD/empty"], "empty': no config.json (not an HF model directory)"),
+    case("hf_garbage", [*HF, "target.path=BAD/garbage"], "garbage': cannot read model.safetensors (SafetensorError"),
+    case("hf_truncated", [*HF, "target.path=BAD/truncated"], "truncated': cannot read model.safetensors"),
+    case("hf_pickle", [*HF, "target.path=BAD/pickle"], "pytorch_model.bin is a pickle file; only safetensors weights"),
+    case("hf_partial", [*HF, "target.path=BAD/partial"], "missing tensor model.layers.1."),
+    case("hf_no_weights", [*HF, "target.path=BAD/no_weights"],
+         "no model.safetensors (nor model.safetensors.index.json)"),
+    case("hf_bare_config", [*HF, "target.path=BAD/bare_config"],
+         "missing tensor lm_head.weight (and 330 more): the weights do not match config.json (qwen3, 32 layers)"),
+    case("hf_bare_no_weights", [*HF, "target.path=BAD/bare_no_weights"], "no model.safetensors"),
+    case("hf_no_tokenizer", [*HF, "target.path=TMP/no_tokenizer"],
+         "target.path='TMP/no_tokenizer': no tokenizer files (none of tokenizer.json", model_without_tokenizer),
+    case("hf_no_tokenizer_with_mask", [*HF, "target.path=TMP/no_tokenizer", "target.mask_token_id=5"],
+         "target.path='TMP/no_tokenizer': no tokenizer files (none of tokenizer.json", model_without_tokenizer),
+    case("dflash_list", [*CKPT, "drafter.checkpoint=BAD/dflash_list"],
+         "config.json must hold a JSON object, found list"),
+    case("dflash_str_hidden", [*CKPT, "drafter.checkpoint=BAD/dflash_str_hidden"],
+         "config.json: hidden_size='64' must be an int >= 1"),
+    case("dflash_zero_heads", [*CKPT, "drafter.checkpoint=BAD/dflash_zero_heads"],
+         "config.json: num_attention_heads=0 must be an int >= 1"),
+    case("dflash_bad_index", [*CKPT, "drafter.checkpoint=BAD/dflash_bad_index"],
+         "model.safetensors.index.json is not valid JSON"),
+    case("dflash_no_weight_map", [*CKPT, "drafter.checkpoint=BAD/dflash_no_weight_map"],
+         "model.safetensors.index.json needs a non-empty 'weight_map'"),
+    case("dels_head_refused_pickle", [*[a for a in SMALL if not a.startswith("drafter.")], "drafter=dels_rnn",
+                                      "drafter.init=random", "drafter.head.init=checkpoint",
+                                      "drafter.head.checkpoint=TMP/release"],
+         ("local_head.pt is not a weights-only PyTorch file (it needs the global posix.system, which is refused)",
+          "never code"), evil_dels_head),                 # the whole sentence, not one cut mid-way
+
+    # ---- results files, through the store's one reader (compare, merge, report, dashboard, experiments)
+    case("compare_corrupt_middle", COMPARE, "TMP/a/samples.jsonl line 2 is corrupt (not JSON)",
+         runs([_rec(1), "{corrupt", _rec(3)])),
+    case("compare_list_line", COMPARE, "TMP/a/samples.jsonl line 2: a JSON list, not a sample record",
+         runs([_rec(1), "[1]", _rec(3)])),
+    case("compare_missing_field", COMPARE, "TMP/a/samples.jsonl line 2: a record without 'accept_lengths'",
+         runs([_rec(1), _without("accept_lengths")])),
+    case("compare_turn_str", COMPARE, "TMP/a/samples.jsonl line 2: turn='0' is a str; expected a int",
+         runs([_rec(1), _rec(2, turn="0")])),
+    case("compare_corrupt_gz", COMPARE, "TMP/a/samples.jsonl.gz line 2 is corrupt (not JSON)",
+         runs([_rec(1), "{corrupt", _rec(3)], packed=True)),
+    case("compare_summary_not_json", ["task=compare", "compare.a=TMP/a", "compare.b=TMP/a", "logger=none"],
+         "TMP/a/summary.json is corrupt (not JSON", corrupt_summary),
+    case("report_summary_not_json", ["task=report", "report.runs=[TMP/a]", "logger=none"],
+         "TMP/a/summary.json is corrupt (not JSON", corrupt_summary),
+    case("resume_record_without_fields", SMALL,
+         "TMP/run/samples.jsonl line 1: a record without 'turn', 'accept_lengths'",
+         file_at("run/samples.jsonl", json.dumps({"id": "x", "benchmark": "gsm8k"}) + "\n")),
+
+    # ---- benchmark and training data
+    case("benchmark_not_utf8", [*SMALL, "benchmark.data_dir=TMP/bench"],
+         "TMP/bench/gsm8k.jsonl line 2 is not UTF-8 text (byte 0xE9)",
+         file_at("bench/gsm8k.jsonl", b'{"id": "a", "turns": ["ok"]}\n{"id": "b", "turns": ["caf\xe9"]}\n')),
+    case("benchmark_is_a_directory", [*SMALL, "benchmark.data_dir=TMP/bench"],
+         "TMP/bench/gsm8k.jsonl is a directory; expected a file", file_at("bench/gsm8k.jsonl", None)),
+    case("corpus_no_id", [*TRAIN, "data.corpus_dir=TMP/corpus"], "TMP/corpus/gsm8k_train.jsonl line 2: no 'id'",
+         corpus(json.dumps({"messages": list(MSG)}).encode())),
+    case("corpus_not_an_object", [*TRAIN, "data.corpus_dir=TMP/corpus"],
+         "TMP/corpus/gsm8k_train.jsonl line 2: a JSON list, not a record", corpus(b"[1, 2]")),
+    case("corpus_not_utf8", [*TRAIN, "data.corpus_dir=TMP/corpus"],
+         "TMP/corpus/gsm8k_train.jsonl line 2 is not UTF-8 text (byte 0xE9)",
+         corpus(json.dumps({"id": "c1", "messages": list(MSG)}).encode().replace(b"hello", b"h\xe9llo"))),
+    case("corpus_dir_missing", [*TRAIN, "data.corpus_dir=TMP/no_such_dir"],
+         "data.corpus_dir='TMP/no_such_dir' is not valid; expected null (data/corpus) or an existing directory"),
+    case("hub_malformed", HUB, "TMP/hub.jsonl line 2: not valid JSON",
+         hub_file([json.dumps({"conversations": [{"from": "human", "value": "hi"}]}), "{oops"])),
+    case("hub_conversations_not_a_list", HUB,
+         "TMP/hub.jsonl line 1: 'conversations' is a str; expected a list of turns",
+         hub_file([json.dumps({"conversations": "hi there"})])),
+    case("hub_unknown_id_offline", [*TRAIN, "data.source=hub", "data.hub.id=nobody-here/no-such-dataset-35",
+                                    "data.hub.format=sharegpt"],
+         "data.hub.id='nobody-here/no-such-dataset-35': not a local file or directory, and offline", offline),
+
+    # ---- outputs that would replace what is there
+    case("prior_out_is_a_file", [*PRIOR, "task.out=TMP/a_file"], "task.out='TMP/a_file' is a file; expected a "
+                                                                 "directory", file_at("a_file", "keep me")),
+    case("prior_out_holds_a_prior", [*PRIOR, "task.out=TMP/head"],
+         "already holds log_prior.safetensors; choose another directory, or set task.overwrite=true",
+         file_at("head/log_prior.safetensors", b"an earlier prior")),
+    case("replay_export_exists", [*REPLAY, "replay.export=TMP/refs.json.gz"],
+         "replay.export='TMP/refs.json.gz' exists; choose another name, or set replay.overwrite=true",
+         file_at("refs.json.gz", b"an earlier export")),
+    case("replay_export_is_a_directory", [*REPLAY, "replay.export=TMP/refs.json.gz"],
+         "replay.export='TMP/refs.json.gz' is a directory; expected the name of a file to write",
+         file_at("refs.json.gz", None)),
+
+    # ---- security
+    case("experimental_rerun", ["--experimental-rerun", "TMP/config.pickle", *TINY],
+         "--experimental-rerun is refused: it unpickles FILE (a crafted file runs code)"),
 ]
 
 
-SLOW = {"prompt_alone_too_long"}                 # builds the tiny target and tokenizes the prompt first
+def files_under(root):
+    """Every file under `root` with its bytes, but the two a refused run may leave: Hydra's job log (made before
+    any specexp code runs) and a lock file (never removed: eval/store.py)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name not in ("specexp.log", ".lock")}
 
 
-@pytest.mark.parametrize("args, expected", [pytest.param(*c[1:], id=c[0], marks=[pytest.mark.slow] * (c[0] in SLOW))
-                                            for c in CASES])
-def test_bad_input_is_one_clear_line(args, expected, bad, tmp_path, monkeypatch, capsys):
-    run_dir = tmp_path / "run"
-    args = [a.replace("BAD", str(bad)) for a in args]
-    code, lines, err = run_cli(args, run_dir, monkeypatch, capsys)
+@pytest.mark.parametrize("args, expected, setup", CASES)
+def test_bad_input_is_one_clear_line(args, expected, setup, bad, tmp_path, monkeypatch, capsys):
+    """Exit 2, exactly one line `specexp: error: ...` holding the expected fragments (the bad value and what would
+    be valid), no traceback, and not a file written or changed anywhere under the test's directory."""
+    if setup is not None:
+        setup(tmp_path, bad, monkeypatch)
+    monkeypatch.chdir(tmp_path)                       # a stray `outputs/` would land here, and be seen
+    fill = lambda x: x.replace("BAD", str(bad)).replace("TMP", str(tmp_path))     # noqa: E731
+    before = files_under(tmp_path)
+    code, lines, err = run_cli([fill(a) for a in args], tmp_path / "run", monkeypatch, capsys)
     assert code == 2 and "Traceback" not in err, err[-3000:]
     assert len(lines) == 1 and lines[0].startswith("specexp: error: "), lines
-    assert expected.replace("BAD", str(bad)) in lines[0], lines[0]
-    assert not (run_dir / "samples.jsonl").exists()                     # refused before any sample ran
+    for fragment in expected:
+        assert fill(fragment) in lines[0], lines[0]
+    assert files_under(tmp_path) == before
 
 
 @pytest.mark.slow
@@ -210,21 +479,81 @@ def test_every_shipped_config_validates():
         validate(cfg, job={"config_name": sweep.stem})
 
 
-@pytest.mark.parametrize("what", ["metrics_dir", pytest.param("full_disk", marks=pytest.mark.slow)])
-def test_run_directory_faults_are_one_line(what, tmp_path, monkeypatch, capsys):
+@pytest.mark.slow
+def test_a_full_disk_mid_run_is_one_line(tmp_path, monkeypatch, capsys):
+    """A write that fails as on a full disk, after the first sample: one line, no traceback."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    if what == "metrics_dir":                 # refused before any work
-        (run_dir / "metrics.csv").mkdir()
-        expected = "metrics.csv is a directory but the run writes a file there"
-    else:                                     # a write that fails as on a full disk, after the first sample
-        if not os.path.exists("/dev/full"):
-            pytest.skip("no /dev/full on this system")
-        (run_dir / "metrics.csv").symlink_to("/dev/full")
-        expected = "cannot write: No space left on device"
+    (run_dir / "metrics.csv").symlink_to("/dev/full")
     code, lines, err = run_cli([*SMALL, "logger=csv"], run_dir, monkeypatch, capsys)
     assert code == 2 and "Traceback" not in err, err[-3000:]
-    assert len(lines) == 1 and expected in lines[0], lines
+    assert len(lines) == 1 and "cannot write: No space left on device" in lines[0], lines
+
+
+# ---------------------------------------------------------------------------------------------- what is accepted
+def test_compare_reads_a_torn_last_line_and_a_packed_run(tmp_path, monkeypatch, capsys):
+    """What the reader accepts: a run in progress (its torn last line dropped) against an archived (gzipped) one."""
+    a = _run_dir(tmp_path / "a", [_rec(1), _rec(2)])
+    with (a / "samples.jsonl").open("a") as f:
+        f.write('{"id": "q3", "bench')
+    b = _run_dir(tmp_path / "b", [_rec(1), _rec(2), _rec(3)], packed=True)
+    code, _, err = run_cli(["task=compare", f"compare.a={a}", f"compare.b={b}", "logger=none"], tmp_path / "cmp",
+                           monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["turns_compared"] == 2
+
+
+@pytest.mark.slow
+def test_replay_export_overwrites_when_asked_and_leaves_no_temp(tmp_path, monkeypatch, capsys):
+    out_file = tmp_path / "refs.json.gz"
+    out_file.write_bytes(b"an earlier export")
+    code, _, err = run_cli([*REPLAY, f"replay.export={out_file}", "replay.overwrite=true",
+                            f"replay.cache_dir={tmp_path / 'cache'}", "replay.tap_cache=false",
+                            "replay.references_only=true"], tmp_path / "run", monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    assert out_file.read_bytes()[:2] == b"\x1f\x8b" and not list(tmp_path.rglob("*.tmp"))
+
+
+def test_corpus_dir_is_a_plain_key_read_by_training(tmp_path, monkeypatch, capsys):
+    """`data.corpus_dir=DIR` (no `+`) composes, validates, and reaches the corpus reader."""
+    import specexp.training.data as data
+    from specexp.errors import UserError
+
+    seen = []
+
+    def load_corpus(names, max_samples, seed, data_dir=None):
+        seen.append(data_dir)
+        raise UserError("stop here: the corpus reader was reached")
+
+    monkeypatch.setattr(data, "load_corpus", load_corpus)
+    code, lines, err = run_cli([*TRAIN, f"data.corpus_dir={tmp_path}"], tmp_path / "run", monkeypatch, capsys)
+    assert code == 2 and lines == ["specexp: error: stop here: the corpus reader was reached"], err[-3000:]
+    assert seen == [str(tmp_path)]
+
+
+@pytest.mark.slow
+def test_typed_views_cover_every_key_of_their_groups():
+    """EvalConfig/DecodingConfig/TrainConfig/DataConfig have a field for every key of every option of their group
+    (a key added to a YAML file without its field fails here), and `from_cfg` reads the composed values."""
+    from dataclasses import fields
+
+    from conftest import make_cfg
+
+    from specexp.config import DataConfig, DecodingConfig, EvalConfig, TrainConfig, option_tree, options
+
+    views = {"eval": EvalConfig, "decoding": DecodingConfig, "train": TrainConfig, "data": DataConfig}
+    for group, cls in views.items():
+        names = {f.name for f in fields(cls)}
+        for name in options(group):
+            assert set(option_tree(group, name)) <= names, (group, name, set(option_tree(group, name)) - names)
+            view = cls.from_cfg(make_cfg([f"{group}={name}"])[group])
+            assert all(getattr(view, k) == v for k, v in option_tree(group, name).items() if "${" not in str(v))
+    t = TrainConfig.from_cfg(make_cfg(["train=smoke", "train.lr=0.5"]).train)
+    assert t.lr == 0.5 and t.max_steps == 40
+    with pytest.raises(AttributeError):
+        t.lr = 1.0                                                      # frozen
 
 
 @pytest.mark.slow
@@ -249,24 +578,76 @@ def test_wandb_without_network_falls_back_to_offline_at_once(tmp_path, monkeypat
         assert not f.is_file() or key.encode() not in f.read_bytes(), f
 
 
-@pytest.mark.slow
-def test_typed_views_cover_every_key_of_their_groups():
-    """EvalConfig/DecodingConfig/TrainConfig/DataConfig have a field for every key of every option of their group
-    (a key added to a YAML file without its field fails here), and `from_cfg` reads the composed values."""
-    from dataclasses import fields
+@pytest.mark.parametrize("configured, env, expected", [
+    ("online", {"WANDB_MODE": "offline"}, "offline"), ("online", {"WANDB_MODE": "disabled"}, "disabled"),
+    ("online", {"WANDB_MODE": "dryrun"}, "offline"), ("offline", {"WANDB_MODE": "online"}, "offline"),
+    (None, {"WANDB_MODE": "offline", "WANDB_API_KEY": "k"}, "offline"), (None, {"WANDB_API_KEY": "k"}, "online"),
+    (None, {}, "offline"), ("online", {}, "online")])
+def test_wandb_environment_offline_wins(configured, env, expected):
+    from specexp.tracking import wandb_mode
 
-    from conftest import make_cfg
+    assert wandb_mode(configured, env) == expected
 
-    from specexp.config import DataConfig, DecodingConfig, EvalConfig, TrainConfig, option_tree, options
 
-    views = {"eval": EvalConfig, "decoding": DecodingConfig, "train": TrainConfig, "data": DataConfig}
-    for group, cls in views.items():
-        names = {f.name for f in fields(cls)}
-        for name in options(group):
-            assert set(option_tree(group, name)) <= names, (group, name, set(option_tree(group, name)) - names)
-            view = cls.from_cfg(make_cfg([f"{group}={name}"])[group])
-            assert all(getattr(view, k) == v for k, v in option_tree(group, name).items() if "${" not in str(v))
-    t = TrainConfig.from_cfg(make_cfg(["train=smoke", "train.lr=0.5"]).train)
-    assert t.lr == 0.5 and t.max_steps == 40
-    with pytest.raises(AttributeError):
-        t.lr = 1.0                                                      # frozen
+def test_wandb_logger_takes_the_environment_mode(tmp_path, monkeypatch):
+    """No network: a stand-in wandb module records the mode the run is started in (and that nothing probed it)."""
+    import types
+
+    from omegaconf import OmegaConf
+
+    from specexp import tracking
+
+    calls = []
+    fake = types.SimpleNamespace(Settings=lambda **kw: kw, init=lambda **kw: calls.append(kw) or object())
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.setattr(tracking, "_reachable", lambda url, timeout=3.0: pytest.fail("probed the network"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
+    cfg = OmegaConf.create({"name": "wandb", "project": "p", "entity": None, "mode": "online", "tags": []})
+    tracking.WandbLogger(cfg, tmp_path, {"task": {"name": "eval"}}, "run")
+    assert [c["mode"] for c in calls] == ["offline"]
+    with pytest.raises(Exception, match="WANDB_MODE"):
+        monkeypatch.setenv("WANDB_MODE", "sometimes")
+        tracking.WandbLogger(cfg, tmp_path, {"task": {"name": "eval"}}, "run")
+
+
+# ---------------------------------------------------------------------------------------------- sweeps, internal faults
+def sweep(launcher, tmp_path, monkeypatch, capsys, values="seed=0,abc,1"):
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", *TINY, values, f"hydra.sweep.dir={sweep_dir}", *launcher]
+    code, lines, err = run_cli(args, tmp_path / "unused", monkeypatch, capsys)
+    return sweep_dir, code, lines, err
+
+
+@pytest.mark.parametrize("launcher", [[], pytest.param(["hydra/launcher=local", "hydra.launcher.n_jobs=2"],
+                                                       marks=pytest.mark.slow, id="joblib")])
+def test_sweep_goes_on_past_a_failing_job(launcher, tmp_path, monkeypatch, capsys):
+    if launcher:
+        pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    sweep_dir, code, lines, err = sweep(launcher, tmp_path, monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err, err[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("specexp: error: 1 job(s) of the sweep failed"), lines
+    assert "job 1: seed='abc' is not valid; expected an int" in lines[0], lines[0]
+    assert (sweep_dir / "1" / "error.txt").read_text() == "seed='abc' is not valid; expected an int\n"
+    for good in ("0", "2"):                                  # the jobs before and after the bad one both ran
+        assert (sweep_dir / good / "summary.json").is_file() and not (sweep_dir / good / "error.txt").exists()
+    # The sweep fixed and rerun into the same directory: the stale error.txt goes, nothing is listed.
+    sweep_dir, code, lines, err = sweep(launcher, tmp_path, monkeypatch, capsys, "seed=0,5,1")
+    assert code == 0 and not list(sweep_dir.rglob("error.txt")), err[-3000:]
+
+
+def test_internal_error_is_one_line_with_the_log(tmp_path, monkeypatch, capsys):
+    """An unexpected exception (not the user's input): exit 1, one line, the full traceback in the run's log."""
+    import specexp.eval.evaluator as evaluator
+
+    def boom(cfg, out_dir):
+        raise RuntimeError("an unexpected fault\nwith a second line")
+
+    monkeypatch.setattr(evaluator, "run_eval", boom)
+    run_dir = tmp_path / "run"
+    code, lines, err = run_cli(TINY, run_dir, monkeypatch, capsys)
+    assert code == 1 and "Traceback" not in err, err[-3000:]
+    assert lines == [f"specexp: error: internal error: RuntimeError: an unexpected fault (full traceback in "
+                     f"{run_dir / 'specexp.log'})"], lines
+    log = (run_dir / "specexp.log").read_text()
+    assert "Traceback (most recent call last)" in log and "in boom" in log and "with a second line" in log, log

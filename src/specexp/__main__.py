@@ -1,10 +1,17 @@
 """`python -m specexp [group=option ...] [key=value ...]`: compose, validate, seed, dispatch on `task`.
 
 Returns the metric a Hydra sweeper optimises (macro τ for task=eval).
+
+Every failure is one line on stderr: a user's mistake (`UserError`, a disk or permission fault) exits 2; anything
+else is an internal error, exit 1, with its full traceback in the run's `specexp.log`. In a multirun a failing job
+writes its line to its own `error.txt` and the sweep goes on; the sweep then ends with one line listing the failed
+jobs (`cli.FailedJobs`, a Hydra callback of conf/config.yaml).
 """
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -16,11 +23,11 @@ from .errors import UserError
 
 
 def run_task(cfg: DictConfig, out_dir: str):
-    from .config import check_run_dir, validate
+    from .config import check_run_dir, check_run_layout, validate
 
     validate(cfg)                   # keys, types and ranges of the composed config, before any work
-    check_run_dir(out_dir)
     import torch
+    from omegaconf import OmegaConf
 
     from . import registry
     from .errors import one_of
@@ -34,6 +41,13 @@ def run_task(cfg: DictConfig, out_dir: str):
     from .training.local_heads import run_prior
     from .training.pipeline import run_regenerate, run_train
 
+    # Which checkpoints a drafter uses for a target is the drafter's knowledge (its registry entry); filled here,
+    # at the edge, so every later stage (fingerprints, training stages, cards) sees the resolved paths, and the
+    # run directory is checked against them before it is claimed.
+    cfg.drafter = registry.fill_default_checkpoints(cfg.drafter, cfg.target.name)
+    check_run_layout(OmegaConf.to_container(cfg.drafter, resolve=True), out_dir)
+    check_run_dir(out_dir)
+
     def replay(cfg, out):                        # τ without decoding, on cached greedy references; with
         return (run_grid if grid_requested(cfg) else run_replay)(cfg, out)   # replay.fusion_grid: the α/β grid
 
@@ -44,9 +58,6 @@ def run_task(cfg: DictConfig, out_dir: str):
     tasks["report"] = run_report                 # a static HTML page over kept result directories
     tasks["dashboard"] = run_dashboard           # the W&B workspace and reports as code (dashboard.json)
     one_of("task", cfg.task.name, tasks)
-    # Which checkpoints a drafter uses for a target is the drafter's knowledge (its registry entry); filled here,
-    # at the edge, so every later stage (fingerprints, training stages, cards) sees the resolved paths.
-    cfg.drafter = registry.fill_default_checkpoints(cfg.drafter, cfg.target.name)
     torch.manual_seed(cfg.seed)
     if cfg.get("cpu_threads") is not None:
         torch.set_num_threads(cfg.cpu_threads)
@@ -54,27 +65,65 @@ def run_task(cfg: DictConfig, out_dir: str):
     return summary.get("macro", {}).get("tau") if isinstance(summary, dict) else None
 
 
+def error_line(e: Exception, log: Path) -> tuple[str, int]:
+    """The one line and exit code of a failure: 2 for the user's input or the machine (a full disk, a read-only
+    file), 1 for anything else, whose full traceback is appended to `log` (named in the line)."""
+    from .config import environment_error_message
+
+    if isinstance(e, UserError):
+        return str(e), 2
+    if isinstance(e, OSError) and environment_error_message(e) is not None:
+        return environment_error_message(e), 2
+    where = cli.log_traceback(e, log)
+    return f"internal error: {type(e).__name__}: {cli.first_line(e)} (full traceback in {where})", 1
+
+
+def _job(cfg: DictConfig, out_dir: str):
+    try:
+        return run_task(cfg, out_dir)
+    except Exception as e:          # the last resort: no traceback reaches the terminal (error_line)
+        fail(*error_line(e, Path(out_dir) / cli.LOG_NAME))
+
+
+def _sweep_job(cfg: DictConfig, out_dir: str, num: int):
+    """One job of a multirun: its failure is its own (error.txt in its directory, a warning line) and the sweep
+    goes on; `cli.FailedJobs` lists the failed jobs when the sweep ends."""
+    error = Path(out_dir) / cli.ERROR_FILE
+    error.unlink(missing_ok=True)   # a resumed sweep: only this attempt's outcome counts
+    try:
+        return run_task(cfg, out_dir)
+    except Exception as e:
+        message, _ = error_line(e, Path(out_dir) / cli.LOG_NAME)
+        cli.record_job_error(error, message)
+        print(f"specexp: warning: job {num} failed, the sweep goes on: {message}", file=sys.stderr, flush=True)
+        return None
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig):
-    try:
-        return run_task(cfg, HydraConfig.get().runtime.output_dir)
-    except UserError as e:
-        fail(str(e))
-    except OSError as e:            # a full disk or a read-only file met while writing results: one line too
-        from .config import environment_error_message
+    from hydra.types import RunMode
 
-        message = environment_error_message(e)
-        if message is None:
-            raise
-        fail(message)
+    hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN:
+        return _sweep_job(cfg, hc.runtime.output_dir, hc.job.num)
+    return _job(cfg, hc.runtime.output_dir)
 
 
-def main() -> None:
+def _main() -> None:
     plugin_dirs = cli.plugin_config_dirs()
     if plugin_dirs:                 # plugins' YAML files join the conf tree (Hydra's search path)
         sys.argv.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in plugin_dirs) + "]")
     precheck(sys.argv[1:])
     _hydra_main()
+
+
+def main() -> None:
+    try:
+        _main()
+    except Exception as e:          # before or after any job (no run directory): the traceback goes to a temp file
+        import tempfile
+
+        fail(*error_line(e, Path(tempfile.gettempdir()) / f"specexp-{os.getpid()}.log"))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import pins
+from . import files, pins
 from .errors import UserError, check
 
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -166,9 +166,9 @@ class Sample:
 
 def read_jsonl(path: Path) -> list[dict]:
     """Read a benchmark file; any malformed line is one clear error naming file and line."""
-    check(path.exists(), f"benchmark file {path} does not exist")
     rows, first_line = [], {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
+    # files.read_text: a missing file, a directory and bytes that are not UTF-8 are one line each
+    for n, line in enumerate(files.read_text(path, "benchmark file").split("\n"), 1):
         if not line.strip():
             continue
         try:
@@ -238,6 +238,9 @@ def load(names: list[str], num_samples, shuffle_seed: int = 0, source: str = "lo
     check(source in ("local", "hf"), f"benchmark.source={source!r} is not valid; choose one of: local, hf")
     check(edition in EDITIONS, f"benchmark.edition={edition!r} is not valid; choose one of: {', '.join(EDITIONS)}")
     data_dir = Path(data_dir) if data_dir else DATA_DIR
+    check(source != "local" or data_dir.is_dir(),
+          f"benchmark.data_dir={str(data_dir)!r} is {'a file' if data_dir.exists() else 'missing'}; expected a "
+          f"directory holding the benchmark JSONL files (e.g. gsm8k.jsonl)")
     for name in names:              # every name and staged file is checked before any file is read
         check(name in BENCHMARKS, f"benchmark {name!r} is not valid; choose from: {', '.join(BENCHMARKS)}")
         ed = BENCHMARKS[name].edition(edition)

@@ -17,7 +17,6 @@ named by `model.safetensors.index.json`), plus whatever files a drafter keeps be
 from __future__ import annotations
 
 import json
-import lzma
 import os
 import struct
 from pathlib import Path
@@ -25,17 +24,10 @@ from pathlib import Path
 import torch
 
 from .errors import UserError, check
+from .files import read_bytes, stored
 
 CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = "config.json", "model.safetensors", "model.safetensors.index.json"
 XZ = ".xz"
-
-
-def stored(file: Path) -> Path | None:
-    """The file on disk behind a safetensors name: itself, else its `.xz` form, else None."""
-    for f in (file, file.with_name(file.name + XZ)):
-        if f.is_file():
-            return f
-    return None
 
 
 def read_tensors(file: str | os.PathLike, where: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -45,12 +37,12 @@ def read_tensors(file: str | os.PathLike, where: str) -> tuple[dict[str, torch.T
     file = Path(file)
     on_disk = stored(file)
     check(on_disk is not None, f"{where}: no {file.name} (nor {file.name}{XZ})")
+    data = None if on_disk == file else read_bytes(on_disk, f"{where}:")      # unpacked by its suffix
     try:
-        if on_disk == file:
+        if data is None:
             with file.open("rb") as fh:
                 header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
             return load_file(file), header.get("__metadata__") or {}
-        data = lzma.decompress(on_disk.read_bytes())
         header = json.loads(data[8: 8 + struct.unpack("<Q", data[:8])[0]])
         return load(data), header.get("__metadata__") or {}
     except Exception as e:                             # a torn or foreign file: safetensors raises many types

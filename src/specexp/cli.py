@@ -2,6 +2,7 @@
 choices (Hydra's own messages span many lines and end with a stack-trace hint)."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -15,10 +16,19 @@ _FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-d
                      "--package", "-p", "--info", "-i", "--experimental-rerun"}
 
 
+LOG_NAME = "specexp.log"            # Hydra's job log (hydra.job.name + .log): internal errors' tracebacks go there
+ERROR_FILE = "error.txt"            # a multirun job's one-line error, in its own directory
+
+
 def _first_line(e: BaseException) -> str:
     while e is not None and not str(e).strip():
         e = e.__cause__ or e.__context__
     return str(e).strip().splitlines()[0] if e is not None else "invalid command line"
+
+
+def first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else "(no message)"
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -26,10 +36,79 @@ def fail(message: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
+def log_traceback(e: BaseException, log: Path) -> Path:
+    """Append `e`'s full traceback to `log` (the run's specexp.log) and return where it went: the log, or a temp
+    file when the log cannot be written (a read-only run directory must not hide the traceback too)."""
+    import tempfile
+    import time
+    import traceback
+
+    text = (f"[{time.strftime('%Y-%m-%d %H:%M:%S')}][specexp][ERROR] - internal error\n"
+            + "".join(traceback.format_exception(type(e), e, e.__traceback__)))
+    for path in (Path(log), Path(tempfile.gettempdir()) / f"specexp-{os.getpid()}.log"):
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(text)
+            return path
+        except OSError:
+            continue
+    return Path(log)
+
+
+def record_job_error(path: Path, message: str) -> None:
+    """A multirun job's one line, in its directory (`FailedJobs` collects them when the sweep ends)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(message + "\n", encoding="utf-8")
+    except OSError as e:            # an unwritable job directory: the warning line still says what failed
+        print(f"specexp: warning: cannot write {path} ({e.strerror})", file=sys.stderr, flush=True)
+
+
+def failed_jobs(sweep_dir: Path, since: float) -> list[tuple[str, str]]:
+    """(job directory relative to the sweep's, its one line) of every job of this sweep that failed: an error.txt
+    written since the sweep began (older ones belong to jobs of an earlier sweep into the same directory)."""
+    out = []
+    for f in sorted(Path(sweep_dir).rglob(ERROR_FILE), key=lambda f: (len(f.parts), str(f))):
+        try:
+            if f.stat().st_mtime >= since:
+                out.append((str(f.parent.relative_to(sweep_dir)), f.read_text(encoding="utf-8").strip()))
+        except OSError:
+            continue
+    return out
+
+
+try:
+    from hydra.experimental.callback import Callback
+except ImportError:                 # pragma: no cover - Hydra < 1.1
+    Callback = object
+
+
+class FailedJobs(Callback):
+    """A multirun ends with one line listing its failed jobs and exits non-zero: 2 when every failure was the
+    user's input, 1 when one was an internal error. Configured in conf/config.yaml (hydra.callbacks); it runs in
+    the launching process, so it sees every launcher's jobs through their directories (basic, joblib, submitit)."""
+
+    def __init__(self) -> None:
+        self.since = 0.0
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        import time
+
+        self.since = time.time() - 1.0            # file times may be coarser than time.time()
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        failed = failed_jobs(sweep_dir, self.since)
+        if not failed:
+            return
+        internal = any(m.startswith("internal error") for _, m in failed)
+        listed = "; ".join(f"job {job}: {m}" for job, m in failed)
+        fail(f"{len(failed)} job(s) of the sweep failed (each one's line is in its {ERROR_FILE} under {sweep_dir}): "
+             f"{listed}", 1 if internal else 2)
+
+
 def plugin_config_dirs() -> list:
     """Config directories of the drafters registered by `SPECEXP_PLUGINS` modules (registry.py); none without."""
-    import os
-
     if not os.environ.get("SPECEXP_PLUGINS"):
         return []                   # keep the common path free of the registry's torch import
     from . import registry
@@ -116,6 +195,9 @@ def _check_output_dir(parsed, multirun: bool) -> None:
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     value = ([str(o.value()) for o in parsed if o.key_or_group == key] or [None])[-1]     # the last one wins
     label = f"{key}={value}"
+    if value is not None and not value.strip():     # Hydra would take it as the working directory itself
+        fail(f"{key}={value!r} is empty; name a directory for the run's files (or drop it for the default, "
+             f"outputs/TASK/DATE_TIME)")
     if value is None or "${" in value:          # the default: a new directory under the working directory
         value, label = ".", f"the working directory (where {key} goes by default)"
     p = Path(value).expanduser().absolute()
@@ -129,12 +211,25 @@ def _check_output_dir(parsed, multirun: bool) -> None:
         fail(f"{label}: cannot write in {p} ({e.strerror})")
 
 
+# Hydra flags refused outright: --experimental-rerun unpickles its file, so a crafted file runs any code.
+REFUSED_FLAGS = {"--experimental-rerun": "it unpickles FILE (a crafted file runs code); rerun the same command "
+                                         "line instead (the run directory's config.yaml records the config)"}
+
+
+def _check_flags(argv: list[str]) -> None:
+    for a in argv:
+        flag = a.split("=", 1)[0]
+        if flag in REFUSED_FLAGS:
+            fail(f"{flag} is refused: {REFUSED_FLAGS[flag]}")
+
+
 def precheck(argv: list[str]) -> None:
     """Validate group options and keys of the command line against the conf tree; exit with one line."""
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
+    _check_flags(argv)
     try:
         parsed = OverridesParser.create().parse_overrides(_overrides(argv))
     except HydraException as e:
@@ -168,3 +263,18 @@ def precheck(argv: list[str]) -> None:
             continue
         if OmegaConf.select(cfg, key, default="<missing>") == "<missing>":
             fail(unknown_key_message(OmegaConf.to_container(cfg), key))
+        if not o.is_sweep_override() and isinstance(o.value(), dict):
+            _check_merged_keys(cfg, key, o.value())
+
+
+def _check_merged_keys(cfg, key: str, value: dict) -> None:
+    """`key={a: 1}` over a mapping merges into it (Hydra), so its keys must be the mapping's: an unknown one is
+    one line (Hydra's own message spans several), e.g. a typo in `eval.tune_samples={gsm9k: 2}`."""
+    node = OmegaConf.select(cfg, key)
+    if not OmegaConf.is_dict(node):
+        return                                  # a scalar or a list is replaced, not merged
+    for k, v in value.items():
+        if k not in node:
+            fail(unknown_key_message(OmegaConf.to_container(cfg), f"{key}.{k}"))
+        if isinstance(v, dict):
+            _check_merged_keys(cfg, f"{key}.{k}", v)

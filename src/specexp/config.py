@@ -9,6 +9,8 @@ The schema of a config group is its option files, conf/<group>/*.yaml:
           some option accepts anything there, and `RULES` then says what it really takes
   ranges  `RULES`: an explicit table (cpu_threads >= 1, block_size >= 2, ...), plus the checks that need the
           target's size (tap layer ids within its layers) when the config alone tells it
+  bounds  every size-like key has an upper bound too (`MAX_*` below, in its rule), so that an extreme value is one
+          line before anything is allocated and before the run directory is claimed, not a 10 GB allocation later
 
 `validate(cfg)` is the whole check; the frozen dataclasses below are typed views of the groups whose keys are
 the same for every option (eval, decoding, train, data), built with `from_cfg` from a validated config.
@@ -32,7 +34,7 @@ from .eval.shards import is_valid as shard_is_valid
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 ANY = "any"                                  # the type tag of a null or interpolated option value
 FREE_FORM = {"target.chat_kwargs", "eval.num_samples", "eval.tune_samples"}  # mappings whose keys are the user's
-OPTIONAL_KEYS = {"data.corpus_dir": "str"}                      # read with .get(): absent from every option file
+OPTIONAL_KEYS: dict[str, str] = {}          # key -> type tag of keys read with .get(), absent from every option file
 
 
 def _device_pattern():
@@ -216,8 +218,8 @@ def _num_samples(v):
     if v is None or v == "paper":
         return True
     if isinstance(v, dict):
-        return bool(v) and all(isinstance(k, str) and _int(1)(n) for k, n in v.items())
-    return _int(1)(v)
+        return bool(v) and all(isinstance(k, str) and _int(1, MAX_COUNT)(n) for k, n in v.items())
+    return _int(1, MAX_COUNT)(v)
 
 
 def _dirs(v):
@@ -228,6 +230,35 @@ def _fusion_weight(v):
     return v == "learned" or _num()(v) or (isinstance(v, list) and len(v) > 0 and all(_num()(x) for x in v))
 
 
+def _distinct_names(v):
+    return isinstance(v, list) and len(v) > 0 and all(isinstance(x, str) for x in v) and len(set(v)) == len(v)
+
+
+# Upper bounds of the size-like keys: far above any real setting (the paper's recipes are in parentheses), low
+# enough that a typo (an extra zero or three) is refused before it allocates memory or spins for hours.
+CORES = os.cpu_count() or 1                  # torch threads beyond the machine's cores only contend
+MAX_TOKENS = 1 << 20                         # one sequence's tokens: context, new tokens, length (Qwen3: 40,960)
+MAX_SHARD_TOKENS = 1 << 24                   # tokens per feature shard on disk (paper: 1,048,576)
+MAX_COUNT = 10 ** 7                          # prompts or records to take (the largest benchmark holds 1,319)
+MAX_WIDTH = 1 << 16                          # hidden / MLP / GRU widths (Qwen3-8B: 4,096 and 12,288)
+MAX_HEADS = 1024                             # attention heads (Qwen3-8B: 32)
+MAX_LAYERS = 256                             # decoder layers (Qwen3-8B: 36; drafters: 1 to 5)
+MAX_BLOCK = 1024                             # drafts per round: block size, chain drafts, edit windows (DFlash: 16)
+MAX_BATCH = 4096                             # prompts per generation batch, anchors per training step (paper: 512)
+MAX_STEPS = 10 ** 9                          # epochs, steps, passes: loops, not memory, but never a typo's 10^12
+# EAGLE-3 dynamic tree (drafters/eagle3.py `_tree`): each level scores top_k beams over the draft vocabulary
+# ([top_k, V] floats: 64 x 151,936 x 4 B = 39 MB) and ranks top_k^2 candidates; the target verifies total_tokens
+# positions with a [total_tokens, context + total_tokens] mask; depth + 1 drafts per path. EAGLE's: 10, 60, 7.
+# top_k is also at most the draft vocabulary (drafter.draft_vocab_size when set; checked in `_check_tree`).
+TREE_MAX_TOP_K = 64
+TREE_MAX_TOKENS = 1024
+TREE_MAX_DEPTH = 64
+
+
+def _upto(hi: int, what: str = "") -> str:
+    return f"at most {hi:,}{f' ({what})' if what else ''}"
+
+
 DTYPES = ("float32", "bfloat16", "float16")
 FSDP_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")     # Lightning's FSDPStrategy names
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", 32, 16, 64, "32", "16", "bf16")
@@ -236,15 +267,19 @@ RULES = {
     "seed": (_int(), "an int"),
     "device": (lambda v: isinstance(v, str) and _device_pattern().fullmatch(v) is not None,
                "auto, cpu, cuda or cuda:N"),
-    "cpu_threads": (_null_or(_int(1)), "an int >= 1, or null (torch's default)"),
-    "eval.num_samples": (_num_samples, "an int >= 1, null (all), 'paper' or a mapping {benchmark: int >= 1}"),
-    "eval.max_new_tokens": (_int(1), "an int >= 1"),
-    "eval.max_drafts": (_null_or(_int(1)), "an int >= 1, or null (the drafter's own number of drafts)"),
+    "cpu_threads": (_null_or(_int(1, CORES)), f"an int >= 1, or null (torch's default); at most this machine's "
+                                              f"{CORES} cores (os.cpu_count())"),
+    "eval.num_samples": (_num_samples, "an int >= 1, null (all), 'paper' or a mapping {benchmark: int >= 1} "
+                                       f"of benchmark.names; {_upto(MAX_COUNT)}"),
+    "eval.max_new_tokens": (_int(1, MAX_TOKENS), f"an int >= 1; {_upto(MAX_TOKENS)}"),
+    "eval.max_drafts": (_null_or(_int(1, MAX_BLOCK)), "an int >= 1, or null (the drafter's own number of "
+                                                            f"drafts); {_upto(MAX_BLOCK)}"),
     "eval.shuffle_seed": (_int(), "an int"),
     "eval.split": (_one_of("eval", "tune"), "eval or tune"),
-    "eval.tune_samples": (lambda v: _int(0)(v) or isinstance(v, dict) and all(
-        isinstance(k, str) and _int(0)(n) for k, n in v.items()), "an int >= 0 or a mapping {benchmark: int >= 0}"),
-    "eval.warmup": (_int(0), "an int >= 0"),
+    "eval.tune_samples": (lambda v: _int(0, MAX_COUNT)(v) or isinstance(v, dict) and all(
+        isinstance(k, str) and _int(0, MAX_COUNT)(n) for k, n in v.items()),
+        f"an int >= 0 or a mapping {{benchmark: int >= 0}} of benchmark.names; {_upto(MAX_COUNT)}"),
+    "eval.warmup": (_int(0, MAX_COUNT), f"an int >= 0; {_upto(MAX_COUNT)}"),
     "eval.check_lossless": (_one_of("auto", True, False), "auto, true or false"),
     "eval.near_tie": (_num(0), "a finite number >= 0 (a logit gap)"),
     "eval.shard": (shard_is_valid, SHARD_VALID),            # the grammar lives with the code that parses it
@@ -252,42 +287,46 @@ RULES = {
                           "merge.runs='[DIR0,DIR1]'"),
     "decoding.protocol": (_one_of("greedy", "A", "B"), "greedy, A or B"),
     "decoding.temperature": (_num(0), "a finite number >= 0"),
-    "benchmark.names": (lambda v: isinstance(v, list) and len(v) > 0 and all(isinstance(x, str) for x in v),
-                        "a non-empty list of benchmark names"),
+    "benchmark.names": (_distinct_names, "a non-empty list of benchmark names, each named once"),
     "benchmark.source": (_one_of("local", "hf"), "local or hf"),
     "benchmark.edition": (_one_of("staged", "reference"), "staged or reference"),
     "target.dtype": (_one_of("auto", *DTYPES), "auto, " + ", ".join(DTYPES)),
-    "target.hidden_size": (_int(1), "an int >= 1"),
-    "target.intermediate_size": (_int(1), "an int >= 1"),
-    "target.num_layers": (_int(1), "an int >= 1"),
-    "target.num_heads": (_int(1), "an int >= 1"),
-    "target.num_kv_heads": (_int(1), "an int >= 1"),
-    "target.max_context": (_int(2), "an int >= 2"),
+    "target.hidden_size": (_int(1, MAX_WIDTH), f"an int >= 1; {_upto(MAX_WIDTH)}"),
+    "target.intermediate_size": (_int(1, MAX_WIDTH), f"an int >= 1; {_upto(MAX_WIDTH)}"),
+    "target.num_layers": (_int(1, MAX_LAYERS), f"an int >= 1; {_upto(MAX_LAYERS)}"),
+    "target.num_heads": (_int(1, MAX_HEADS), f"an int >= 1; {_upto(MAX_HEADS)}"),
+    "target.num_kv_heads": (_int(1, MAX_HEADS), f"an int >= 1; {_upto(MAX_HEADS)}"),
+    "target.max_context": (_int(2, MAX_TOKENS), f"an int >= 2; {_upto(MAX_TOKENS)}"),
     "target.mask_token_id": (_null_or(_int(0)), "an int >= 0 or null"),
     "target.stop_token_ids": (_null_or(_int_list()), "a non-empty list of ints >= 0, or null"),
     "target.source": (_one_of("auto", "hub", "gguf"), "auto, hub or gguf"),
     "drafter.init": (_one_of("auto", "random", "checkpoint"), "auto, random or checkpoint"),
-    "drafter.block_size": (_int(2), "an int >= 2 (the anchor + at least one draft)"),
-    "drafter.num_layers": (_int(1), "an int >= 1"),
+    "drafter.block_size": (_int(2, MAX_BLOCK), f"an int >= 2 (the anchor + at least one draft); {_upto(MAX_BLOCK)}"),
+    "drafter.num_layers": (_int(1, MAX_LAYERS), f"an int >= 1; {_upto(MAX_LAYERS)}"),
     "drafter.target_layer_ids": (_null_or(_int_list()), "a non-empty list of target layer ids >= 0, or null"),
     "drafter.seed": (_int(), "an int"),
     "drafter.revision": (_null_or(lambda v: isinstance(v, str) and v != ""), "a hub branch, tag or commit, or null"),
     "drafter.head.init": (_one_of("auto", "random", "checkpoint"), "auto, random or checkpoint"),
-    "drafter.head.gru_hidden": (_int(1), "an int >= 1"),
-    "drafter.head.train.num_anchors": (_int(1), "an int >= 1"),
-    "drafter.head.train.epochs": (_int(1), "an int >= 1"),
-    "drafter.head.train.block_size": (_null_or(_int(2)), "an int >= 2 or null"),
-    "drafter.edit.passes": (_int(0), "an int >= 0"),
-    "drafter.edit.window": (_null_or(_int(1)), "an int >= 1 or null"),
-    "drafter.edit.verify": (_null_or(_int(1)), "an int >= 1 or null"),
+    "drafter.head.gru_hidden": (_int(1, MAX_WIDTH), f"an int >= 1; {_upto(MAX_WIDTH)}"),
+    "drafter.head.train.num_anchors": (_int(1, MAX_BATCH), f"an int >= 1; {_upto(MAX_BATCH)}"),
+    "drafter.head.train.epochs": (_int(1, MAX_STEPS), f"an int >= 1; {_upto(MAX_STEPS)}"),
+    "drafter.head.train.block_size": (_null_or(_int(2, MAX_BLOCK)), f"an int >= 2, or null; {_upto(MAX_BLOCK)}"),
+    "drafter.edit.passes": (_int(0, MAX_BLOCK), f"an int >= 0; {_upto(MAX_BLOCK)}"),
+    "drafter.edit.window": (_null_or(_int(1, MAX_BLOCK)), f"an int >= 1, or null; {_upto(MAX_BLOCK)}"),
+    "drafter.edit.verify": (_null_or(_int(1, MAX_BLOCK)), f"an int >= 1, or null; {_upto(MAX_BLOCK)}"),
     "drafter.mode": (_one_of("chain", "tree"), "chain or tree"),
-    "drafter.num_drafts": (_int(1), "an int >= 1"),
-    "drafter.tree.top_k": (_int(1), "an int >= 1"),
-    "drafter.tree.depth": (_int(0), "an int >= 0 (expansion steps after the first level)"),
-    "drafter.tree.total_tokens": (_int(2), "an int >= 2 (the anchor + at least one draft)"),
+    "drafter.num_drafts": (_int(1, MAX_BLOCK), f"an int >= 1; {_upto(MAX_BLOCK)}"),
+    "drafter.tree.top_k": (_int(1, TREE_MAX_TOP_K), "an int >= 1, and at most the draft vocabulary; "
+                                                    + _upto(TREE_MAX_TOP_K, "each level holds top_k x vocabulary "
+                                                                            "floats")),
+    "drafter.tree.depth": (_int(0, TREE_MAX_DEPTH), f"an int >= 0 (expansion steps after the first level); "
+                                                         f"{_upto(TREE_MAX_DEPTH)}"),
+    "drafter.tree.total_tokens": (_int(2, TREE_MAX_TOKENS), f"an int >= 2 (the anchor + at least one draft); "
+                                                                 f"{_upto(TREE_MAX_TOKENS, 'verified per round')}"),
     "drafter.tap_layers": (_null_or(lambda v: _int_list()(v) and len(v) == 3), "3 target layer ids >= 0, or null"),
-    "drafter.draft_vocab_size": (_null_or(_int(1)), "an int >= 1 or null (the full vocabulary)"),
-    "drafter.ttt_length": (_int(1), "an int >= 1 (training-time test steps)"),
+    "drafter.draft_vocab_size": (_null_or(_int(1, MAX_TOKENS)), f"an int >= 1, or null (the full "
+                                                                 f"vocabulary); {_upto(MAX_TOKENS)}"),
+    "drafter.ttt_length": (_int(1, MAX_BLOCK), f"an int >= 1 (training-time test steps); {_upto(MAX_BLOCK)}"),
     "drafter.ttt_decay": (_num(0, lo_open=True), "a finite number > 0"),
     "fusion.alpha": (_fusion_weight, "a finite number, a list of them, or 'learned'"),
     "fusion.beta": (_fusion_weight, "a finite number, a list of them, or 'learned'"),
@@ -309,30 +348,33 @@ RULES = {
     "data.hub.split": (lambda v: isinstance(v, str) and v != "", "a split name, e.g. train"),
     "data.hub.format": (_one_of("sharegpt", "messages"),
                         "sharegpt (conversations: role/content or from/value) or messages (role/content)"),
-    "data.max_samples": (_null_or(_int(1)), "an int >= 1 or null (all)"),
+    "data.corpus_dir": (_null_or(lambda v: isinstance(v, str) and Path(v).expanduser().is_dir()),
+                        "null (data/corpus) or an existing directory holding the corpus files"),
+    "data.max_samples": (_null_or(_int(1, MAX_COUNT)), f"an int >= 1, or null (all); {_upto(MAX_COUNT)}"),
     "data.shuffle_seed": (_int(), "an int"),
-    "data.max_length": (_int(2), "an int >= 2"),
-    "data.min_response_tokens": (_int(0), "an int >= 0"),
+    "data.max_length": (_int(2, MAX_TOKENS), f"an int >= 2; {_upto(MAX_TOKENS)}"),
+    "data.min_response_tokens": (_int(0, MAX_TOKENS), f"an int >= 0; {_upto(MAX_TOKENS)}"),
     "data.features": (_one_of("cache", "online"), "cache or online"),
     "data.feature_dtype": (_one_of(*DTYPES), ", ".join(DTYPES)),
-    "data.shard_tokens": (_int(1), "an int >= 1"),
+    "data.shard_tokens": (_int(1, MAX_SHARD_TOKENS), f"an int >= 1; {_upto(MAX_SHARD_TOKENS)}"),
     "data.regen_import": (lambda v: v is None or isinstance(v, str) and _packed_regen(v),
                           "null or a directory written by data.regen_export (manifest.json + tokens.npy)"),
     "data.regen_export": (_null_or(lambda v: isinstance(v, str) and v != ""), "null or a directory path"),
-    "data.regen.batch_size": (_int(1), "an int >= 1"),
-    "data.regen.max_new_tokens": (_int(1), "an int >= 1"),
+    "data.regen.batch_size": (_int(1, MAX_BATCH), f"an int >= 1; {_upto(MAX_BATCH)}"),
+    "data.regen.max_new_tokens": (_int(1, MAX_TOKENS), f"an int >= 1; {_upto(MAX_TOKENS)}"),
     "data.regen.temperature": (_num(0), "a finite number >= 0"),
     "data.regen.top_p": (_num(0, 1, lo_open=True), "a number in (0, 1]"),
-    "data.regen.top_k": (_int(0), "an int >= 0"),
-    "train.num_anchors": (_int(1), "an int >= 1"),
+    "data.regen.top_k": (_int(0, MAX_TOKENS), f"an int >= 0; {_upto(MAX_TOKENS)}"),
+    "train.num_anchors": (_int(1, MAX_BATCH), f"an int >= 1; {_upto(MAX_BATCH)}"),
     "train.gamma": (_null_or(_num(0, lo_open=True)), "a number > 0 or null"),
     "train.lr": (_num(0, lo_open=True), "a finite number > 0"),
     "train.warmup_ratio": (_num(0, 1), "a number in [0, 1]"),
     "train.weight_decay": (_num(0), "a finite number >= 0"),
     "train.grad_clip": (_null_or(_num(0)), "a finite number >= 0 or null"),
-    "train.epochs": (_int(1), "an int >= 1"),
-    "train.max_steps": (lambda v: _int(1)(v) or v == -1 and _int()(v), "-1 (no limit) or an int >= 1"),
-    "train.accumulate": (_int(1), "an int >= 1"),
+    "train.epochs": (_int(1, MAX_STEPS), f"an int >= 1; {_upto(MAX_STEPS)}"),
+    "train.max_steps": (lambda v: _int(1, MAX_STEPS)(v) or v == -1 and _int()(v),
+                        f"-1 (no limit) or an int >= 1; {_upto(MAX_STEPS)}"),
+    "train.accumulate": (_int(1, MAX_BATCH), f"an int >= 1; {_upto(MAX_BATCH)}"),
     "train.data_tokens": (_null_or(_int(1)), "an int >= 1 or null"),
     "train.ckpt_every": (_int(1), "an int >= 1"),
     "train.log_every": (_int(1), "an int >= 1"),
@@ -437,6 +479,58 @@ def validate(cfg, job: dict | None = None) -> None:
     _check_drafter_checkpoint(values)
     _check_shard(values)
     _check_hub(values)
+    _check_sample_keys(values)
+    _check_tree(values)
+    _check_precision(values)
+
+
+def _check_sample_keys(values: dict) -> None:
+    """The keys of a mapping `eval.num_samples={gsm8k: 2}` are selected benchmarks: any other key would be ignored
+    and the selected benchmark would run all its prompts. `eval.tune_samples`' shipped default names all eight
+    benchmarks, so its keys need only be benchmarks (a typo's key would be ignored all the same)."""
+    from .benchmarks import BENCHMARKS
+
+    e, names = values.get("eval") or {}, (values.get("benchmark") or {}).get("names") or []
+    _known_keys("eval.num_samples", e.get("num_samples"), names, "benchmark.names (the selected benchmarks)")
+    _known_keys("eval.tune_samples", e.get("tune_samples"), [*BENCHMARKS],
+                f"the benchmarks (selected: {', '.join(names)})")
+
+
+def _known_keys(key: str, mapping, valid: list, what: str) -> None:
+    extra = sorted(set(mapping) - set(valid)) if isinstance(mapping, dict) else []
+    if extra:
+        raise UserError(f"{key}: {', '.join(map(repr, extra))} is not among {what}; the keys must be one of: "
+                        f"{', '.join(valid)}")
+
+
+def _check_tree(values: dict) -> None:
+    """EAGLE-3's tree keeps top_k children per node, out of the draft vocabulary (RULES bound it otherwise)."""
+    d = values.get("drafter") or {}
+    top_k, vocab = (d.get("tree") or {}).get("top_k"), d.get("draft_vocab_size")
+    if d.get("mode") == "tree" and _int(1)(top_k) and _int(1)(vocab) and top_k > vocab:
+        raise UserError(f"drafter.tree.top_k={top_k} exceeds drafter.draft_vocab_size={vocab}; choose top_k <= "
+                        f"{vocab}")
+
+
+HALF_TRUE = ("bf16-true", "16-true")              # weights and activations in half precision, no float32 master
+
+
+def _check_precision(values: dict) -> None:
+    """`train.precision=bf16-true` on CPU fails deep in the first step (float32 target features meet bf16 drafter
+    weights): refuse it up front with what does run."""
+    precision, device = (values.get("train") or {}).get("precision"), values.get("device")
+    if (values.get("task") or {}).get("name") != "train" or precision not in HALF_TRUE or not _on_cpu(device):
+        return
+    raise UserError(f"train.precision={precision} does not run on the CPU (device={device}): the float32 target "
+                    f"features meet half-precision weights; use train.precision=bf16-mixed or 32")
+
+
+def _on_cpu(device) -> bool:
+    if device == "auto":
+        import torch
+
+        return not torch.cuda.is_available()
+    return device == "cpu"
 
 
 def _check_hub(values: dict) -> None:
@@ -512,6 +606,43 @@ def check_run_dir(out_dir) -> None:
         if (d / name).is_dir():
             raise UserError(f"{d / name} is a directory but the run writes a file there; move it away or choose "
                             f"another hydra.run.dir")
+
+
+def checkpoint_paths(drafter: dict) -> dict[str, Path]:
+    """drafter.KEY -> the local directory of every `checkpoint` key (drafter.checkpoint, drafter.head.checkpoint)
+    that names one (a committed checkpoint is relative to the repository; a hub id names none)."""
+    from .drafters.dflash import REPO_ROOT
+
+    out = {}
+
+    def visit(node: dict, at: str) -> None:
+        for k, v in node.items():
+            if isinstance(v, dict):
+                visit(v, f"{at}.{k}")
+            elif k == "checkpoint" and isinstance(v, str) and v:
+                p = Path(v).expanduser()
+                p = p if p.exists() or p.is_absolute() else REPO_ROOT / v
+                if p.exists():
+                    out[f"{at}.{k}"] = p.resolve()
+
+    visit(drafter, "drafter")
+    return out
+
+
+def check_run_layout(drafter: dict, out_dir) -> None:
+    """A run directory and a checkpoint it reads never nest: the run's files inside a checkpoint change its digest
+    (an identical rerun is then refused as another checkpoint), and a checkpoint inside the run directory is
+    mixed with (and counted among) the run's results. Checked before the run directory is claimed."""
+    if drafter.get("init") == "random":
+        return                                   # no checkpoint is read
+    run = Path(out_dir).resolve()
+    for key, ckpt in checkpoint_paths(drafter).items():
+        if run == ckpt or ckpt in run.parents:
+            raise UserError(f"the run directory {out_dir} is inside {key}={ckpt}: the run's files would change the "
+                            f"checkpoint; choose a hydra.run.dir outside it")
+        if run in ckpt.parents:
+            raise UserError(f"{key}={ckpt} is inside the run directory {out_dir}: keep checkpoints out of run "
+                            f"directories; choose another hydra.run.dir or move the checkpoint")
 
 
 def environment_error_message(e: OSError) -> str | None:

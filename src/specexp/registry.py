@@ -129,6 +129,14 @@ def load_plugins() -> None:
             importlib.import_module(name)
         except ImportError as e:
             raise UserError(f"SPECEXP_PLUGINS: cannot import {name!r} ({e})") from None
+        except Exception as e:          # the module's own code raised: a plugin's bug, but one line naming it
+            raise UserError(f"SPECEXP_PLUGINS: importing {name!r} raised {type(e).__name__}: "
+                            f"{_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else "(no message)"
 
 
 def config_dirs() -> list[Path]:

@@ -355,10 +355,14 @@ def _from_pretrained(path_or_id: str, cfg, device: torch.device, lean: bool = Fa
     where = f"target.path={str(path_or_id)!r}"
     if local:
         check_hf_dir(Path(path_or_id), where)
+        check_tokenizer_files(Path(path_or_id), where)
     try:
         tok = AutoTokenizer.from_pretrained(path_or_id, trust_remote_code=False, **kw)
     except (ValueError, KeyError, TypeError) as e:        # OSError (absent files) is the callers' to phrase
         raise UserError(f"{where}: cannot load the tokenizer ({_first_line(e)})") from None
+    check(getattr(tok, "chat_template", None) is not None,
+          f"{where}: the tokenizer has no chat template (neither chat_template.jinja nor a 'chat_template' in "
+          f"tokenizer_config.json); prompts are rendered with it: copy the model's own tokenizer files there")
     saved, extra, verbosity = {}, {}, transformers.logging.get_verbosity()
     if lean:                                   # the skipped layers' tensors are listed as unexpected keys: expected
         config = AutoConfig.from_pretrained(path_or_id, trust_remote_code=False, **kw)
@@ -374,6 +378,19 @@ def _from_pretrained(path_or_id: str, cfg, device: torch.device, lean: bool = Fa
     for k, v in saved.items():
         setattr(model.config, k, v)
     return model.to(device).eval().requires_grad_(False), tok
+
+
+# A tokenizer's vocabulary, in one of the forms AutoTokenizer reads (fast JSON, BPE files, SentencePiece, WordPiece).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "spiece.model", "vocab.txt")
+
+
+def check_tokenizer_files(path: Path, where: str) -> None:
+    """A local model directory holds its tokenizer: without one, AutoTokenizer falls back to a class default with
+    no vocabulary, chat template or special tokens, and the errors it leads to (a missing mask token, a missing
+    chat template) would not say what is wrong."""
+    check(path.is_dir() and any((path / f).is_file() for f in TOKENIZER_FILES),
+          f"{where}: no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); save the model's tokenizer there "
+          f"too (tokenizer.save_pretrained(DIR))")
 
 
 def _first_line(e: BaseException) -> str:
@@ -500,8 +517,9 @@ def load_local(cfg, device: torch.device, lean: bool = False) -> Target:
     mask = cfg.get("mask_token_id")
     if mask is None:
         mask = tok.mask_token_id
-    check(mask is not None, f"target.path={path!r}: the tokenizer has no mask token; set target.mask_token_id "
-                            f"to a rarely used id below {model.lm_head.weight.shape[0]}")
+    check(mask is not None, f"target.path={path!r}: the tokenizer names no mask token (the block drafters fill "
+                            f"their blocks with it); set target.mask_token_id to a rarely used id below "
+                            f"{model.lm_head.weight.shape[0]}")
     return Target("hf", model, tok, int(mask), _stops(cfg, tok), dict(cfg.get("chat_kwargs") or {}), source=str(path),
                   lean=lean)
 

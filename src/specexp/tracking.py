@@ -1,7 +1,8 @@
 """Experiment tracking (W&B / CSV / none) and run metadata (git SHA, package versions, device).
 
 W&B runs offline unless a key is configured (`WANDB_API_KEY`) or `WANDB_MODE` / `logger.mode` says
-otherwise; offline runs land in `DIR/wandb/` and sync later with `wandb sync`. Nothing secret is logged:
+otherwise (when both are set, the more private of the two wins: `WANDB_MODE=offline` is never overridden by
+`logger.mode=online`); offline runs land in `DIR/wandb/` and sync later with `wandb sync`. Nothing secret is logged:
 the config holds no credentials and the environment is never recorded.
 """
 from __future__ import annotations
@@ -147,13 +148,30 @@ def wandb_run_args(config: dict, out_dir: Path) -> dict:
             "config": {**config, **extra}}
 
 
+MODES = ("online", "offline", "disabled")          # least private first
+
+
+def wandb_mode(configured: str | None, environ) -> str:
+    """The W&B mode of a run: `logger.mode` and `WANDB_MODE` both count, and the more private one wins (a machine
+    or a CI job that sets WANDB_MODE=offline means nothing leaves it, whatever a config file says); neither set:
+    online with a configured key (`WANDB_API_KEY`), else offline."""
+    env = environ.get("WANDB_MODE") or None
+    env = "offline" if env == "dryrun" else env          # wandb's older name for offline
+    if env is not None:
+        one_of("WANDB_MODE (environment)", env, MODES)
+    if configured is not None:
+        one_of("logger.mode", configured, MODES)
+    chosen = [m for m in (configured, env) if m is not None]
+    if not chosen:
+        return "online" if environ.get("WANDB_API_KEY") else "offline"
+    return max(chosen, key=MODES.index)
+
+
 class WandbLogger(NoLogger):
     def __init__(self, cfg, out_dir: Path, config: dict, name: str):
         import wandb
 
-        mode = cfg.get("mode") or os.environ.get("WANDB_MODE") or (
-            "online" if os.environ.get("WANDB_API_KEY") else "offline")
-        one_of("logger.mode", mode, ("online", "offline", "disabled"))
+        mode = wandb_mode(cfg.get("mode"), os.environ)
         self.wandb = wandb
         server = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
         offline = f"logging offline to {Path(out_dir) / 'wandb'} (sync later with `wandb sync`)"

@@ -305,7 +305,8 @@ def test_bad_released_heads_are_one_line_errors(tmp_path):
         dels.load_release(d, H, V, 1.0, "w")
     torch.save({"model_config": raw["model_config"], "model_state_dict": sd, "code": UserError("x")},
                d / dels.RELEASE_HEAD)                                   # needs a class: never unpickled
-    with pytest.raises(UserError, match="local_head.pt is not a weights-only PyTorch file .*Unsupported global"):
+    with pytest.raises(UserError, match=r"local_head.pt is not a weights-only PyTorch file \(it needs the global "
+                                        r"specexp.errors.UserError, which is refused\)"):
         dels.load_release(d, H, V, 1.0, "w")
 
 

@@ -22,7 +22,7 @@ MT = [Sample(f"m{i}", "mt_bench", [f"first {i}", f"second {i}"]) for i in range(
 
 
 def rec(sample, turn=0, **extra):
-    return {"id": sample.id, "benchmark": sample.benchmark, "turn": turn, "tau": 1.0, **extra}
+    return {"id": sample.id, "benchmark": sample.benchmark, "turn": turn, "accept_lengths": [1], "tau": 1.0, **extra}
 
 
 def run_all(sample):

@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -206,10 +207,21 @@ def _torch_file(f: Path, where: str):
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(f, map_location="cpu", weights_only=True)
     except Exception as e:
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        why = next((ln for ln in lines if "Unsupported global" in ln), lines[0] if lines else "")
-        raise UserError(f"{where}: {f.name} is not a weights-only PyTorch file ({type(e).__name__}: {why[:160]})"
-                        ) from None
+        raise UserError(f"{where}: {f.name} is not a weights-only PyTorch file ({_refusal(e)}); only tensors, dicts, "
+                        f"lists and plain scalars are loaded, never code") from None
+
+
+def _refusal(e: Exception) -> str:
+    """What torch.load refused, whole: the global it would have had to import (`GLOBAL os.system`), else the first
+    line of the error. torch's own message is a paragraph of advice; cutting it at a length cut the name in half."""
+    text = str(e)
+    found = re.search(r"GLOBAL (\S+?)(?= was| whose|\s|$)", text)
+    if found:
+        return f"it needs the global {found.group(1)}, which is refused"
+    advice = ("Weights only load failed", "Please file an issue", "Check the documentation")
+    lines = [ln.strip().removeprefix("WeightsUnpickler error:").strip() for ln in text.splitlines()]
+    why = next((ln for ln in lines if ln and not ln.startswith(advice)), "")
+    return f"{type(e).__name__}: {why}" if why else type(e).__name__
 
 
 def load_release(path: str | os.PathLike, hidden_size: int, vocab_size: int, smoothing: float,

@@ -7,39 +7,24 @@ where A / B has the higher τ. Pairing is only meaningful on the same outputs: t
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..errors import check
 from ..tracking import write_json, write_text_atomic
 from . import metrics
+from .store import claimed_for, read_json, run_records
 
 
 def load_records(run_dir) -> list[dict]:
-    """A run's per-turn records: `samples.jsonl`, or `samples.jsonl.gz` in an archived copy of a run directory."""
-    path = Path(run_dir) / "samples.jsonl"
-    packed = path.with_name("samples.jsonl.gz")
-    check(path.is_file() or packed.is_file(),
-          f"{run_dir!s}: no samples.jsonl (a run directory of task=replay or task=eval)")
-    if path.is_file():
-        text = path.read_text()
-    else:
-        import gzip
-
-        text = gzip.decompress(packed.read_bytes()).decode()
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass                                  # a torn last line of a run in progress
-    return out
+    """A run's per-turn records: `samples.jsonl`, or `samples.jsonl.gz` in an archived copy of a run directory,
+    read by the store's one reader (a torn last line dropped, any other bad line refused, fields checked)."""
+    return run_records(run_dir)
 
 
 def _label(run_dir) -> str:
     s = Path(run_dir) / "summary.json"
-    if s.exists():
-        d = json.loads(s.read_text())
+    if s.is_file():
+        d = read_json(s)
         return f"{d.get('drafter', '?')} ({d.get('mode', 'online')}) {run_dir}"
     return str(run_dir)
 
@@ -78,10 +63,9 @@ def run_compare(cfg, out_dir) -> dict:
     c = cfg.compare
     check(bool(c.a) and bool(c.b), "task=compare needs compare.a=DIR and compare.b=DIR (run directories)")
     result = {"a": _label(c.a), "b": _label(c.b), **compare(load_records(c.a), load_records(c.b))}
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     md = compare_markdown(result)
-    write_json(out_dir / "compare.json", result)
-    write_text_atomic(out_dir / "compare.md", md)
+    with claimed_for(out_dir, "compare") as d:       # never into another run's directory, nor while one runs there
+        write_json(d / "compare.json", result)
+        write_text_atomic(d / "compare.md", md)
     print(md, flush=True)
     return {"macro": {"tau": result["macro"]["delta"]}}

@@ -33,7 +33,7 @@ from ..report.tables import summary_markdown
 from ..tracking import run_info, write_json, write_text_atomic
 from .evaluator import SUMMARY_HEADER, summarize_records
 from .shards import Shard, part
-from .store import FORMAT, LOCK, RUN, SAMPLES, SUMMARY, lock, read_records, settings_diff
+from .store import FORMAT, LOCK, RUN, SAMPLES, SUMMARY, lock, read_records, read_text, settings_diff
 
 CONFIG, RUN_INFO = "config.yaml", "run_info.json"
 
@@ -76,13 +76,20 @@ def _unfinished(d: Path, shard, why: str) -> UserError:
     return UserError(f"{d} (shard {shard}) is unfinished: {why}; rerun its command to finish it, then merge")
 
 
+def _json(path: Path) -> dict:
+    """A shard's JSON file (run.json, summary.json, run_info.json) as an object, or one line naming it."""
+    try:
+        obj = json.loads(read_text(path))
+    except json.JSONDecodeError:
+        raise UserError(f"{path} is corrupt (not JSON); it is not a directory this merge can read") from None
+    check(isinstance(obj, dict), f"{path} is corrupt (not a JSON object); it is not a directory this merge can read")
+    return obj
+
+
 def read_shard(d: Path) -> ShardRun:
     """One shard directory, checked to be a finished shard (see the module docstring)."""
-    try:
-        run = json.loads((d / RUN).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UserError(f"{d / RUN} is corrupt") from None
-    check(isinstance(run, dict) and run.get("format") == FORMAT, f"{d / RUN} is of an older format than this merge")
+    run = _json(d / RUN)
+    check(run.get("format") == FORMAT, f"{d / RUN} is of an older format than this merge")
     sh = (run.get("settings") or {}).get("shard")
     check(isinstance(sh, dict) and "selection" in run and "samples" in run,
           f"{d} is not a shard: its {RUN} has no eval.shard (merge takes the directories of a run made with "
@@ -109,12 +116,12 @@ def read_shard(d: Path) -> ShardRun:
     gaps = [k for k, t in turns.items() if sorted(t) != list(range(len(t)))]
     if gaps:
         raise _unfinished(d, shard, f"sample {gaps[0][1]!r} has turns {sorted(turns[gaps[0]])}")
-    summary = json.loads((d / SUMMARY).read_text(encoding="utf-8"))
+    summary = _json(d / SUMMARY)
     counted = {b: v.get("num_turns") for b, v in (summary.get("benchmarks") or {}).items()}
     recorded = {b: sum(len(t) for (bb, _), t in turns.items() if bb == b) for b in plan if plan[b]}
     if counted != recorded:
         raise _unfinished(d, shard, f"its {SUMMARY} counts other turns than its {SAMPLES} holds")
-    info = json.loads((d / RUN_INFO).read_text(encoding="utf-8")) if (d / RUN_INFO).is_file() else None
+    info = _json(d / RUN_INFO) if (d / RUN_INFO).is_file() else None
     settings = {k: v for k, v in run["settings"].items() if k != "shard"}
     return ShardRun(d, shard, settings, run["selection"], plan, records, summary,
                     (d / CONFIG).read_text(encoding="utf-8"), info)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from .. import files
 from ..decoding.engine import DecodeConfig, generate
 from ..errors import UserError, check, differing_keys
 
@@ -114,13 +115,14 @@ class ReferenceStore:
         """Write the references of `samples` (all must be present) to one gzipped JSON file; returns the count."""
         refs = [self.get(s) for s in samples]
         check(all(r is not None for r in refs), "replay.export: some references are missing; run replay first")
-        path = Path(os.path.expanduser(str(path)))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        with gzip.open(tmp, "wt") as f:
-            json.dump({"manifest": {"fingerprint": self.fingerprint, "hash": self.hash}, "references": refs}, f,
-                      separators=(",", ":"))
-        os.replace(tmp, path)
+        payload = {"manifest": {"fingerprint": self.fingerprint, "hash": self.hash}, "references": refs}
+
+        def write(tmp: Path) -> None:
+            with gzip.open(tmp, "wt") as f:
+                json.dump(payload, f, separators=(",", ":"))
+
+        # the caller has checked the name (files.check_new_file: no directory, no file replaced unasked)
+        files.write_new_file(Path(os.path.expanduser(str(path))), write)
         return len(refs)
 
     def import_file(self, path: str | os.PathLike) -> int:

@@ -36,7 +36,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from .. import benchmarks, registry
+from .. import benchmarks, files, registry
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round
 from ..decoding.tree import follow
 from ..errors import check
@@ -201,6 +201,10 @@ def replay_settings(cfg) -> dict:
           f"output depends on the drafter, so there is no single reference; use task=eval for decoding=sample_a|b")
     check(isinstance(rp.near_tie, (int, float)) and math.isfinite(rp.near_tie) and rp.near_tie >= 0,
           f"replay.near_tie={rp.near_tie!r} must be a finite number >= 0 (a top-2 logit gap)")
+    check(isinstance(rp.get("overwrite", False), bool),
+          f"replay.overwrite={rp.get('overwrite')!r} is not valid; expected true or false")
+    if rp.export:                       # before the references are computed: a refusal costs nothing
+        files.check_new_file(rp.export, "replay.export", rp.get("overwrite", False), "replay.overwrite")
     return rp
 
 
@@ -223,7 +227,8 @@ def build_references(cfg, target, samples, dc: DecodeConfig) -> ReferenceStore:
     for sample in bar:
         store.add([compute_reference(target, sample, dc)])
     if rp.export:
-        n = store.export(rp.export, samples)
+        n = store.export(files.check_new_file(rp.export, "replay.export", rp.get("overwrite", False),
+                                              "replay.overwrite"), samples)
         print(f"specexp: wrote {n} references to {rp.export}", flush=True)
     return store
 

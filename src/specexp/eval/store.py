@@ -17,18 +17,24 @@ turn, appended as each sample finishes) plus the files written from them. A run 
             -> refused, nothing in `dir` touched.
 A sample counts as done only when all its turns are recorded; on opening, an unterminated last line (a crash or
 a full disk mid-append), the records of a partly written sample and repeated records are dropped (the file is
-rewritten atomically), so those samples are redone. A corrupt line anywhere else is refused: it is not ours to
-guess. The caller validates everything (config, models, benchmark files) before it opens the store, so a run
+rewritten atomically), so those samples are redone. A corrupt line anywhere else, or a record without the
+REQUIRED fields, is refused in one line naming the file and line: it is not ours to guess. `read_records` is the
+one reader of samples.jsonl (plain or gzipped): compare, merge, the report and the experiment scripts read run
+directories through it (`run_records`). A task that writes its own files into a run directory (compare, prior)
+holds it by `claimed_for`: the same lock, and never a directory holding another run's results.
+The caller validates everything (config, models, benchmark files) before it opens the store, so a run
 that fails validation leaves the directory as it was.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
 from pathlib import Path
 
+from .. import files
 from ..errors import UserError, check
 from ..tracking import write_json, write_text_atomic
 
@@ -111,13 +117,56 @@ def samples_diff(recorded: dict, wanted: dict, keys: set[tuple[str, str]]) -> st
     return None
 
 
+# Every field a reader of samples.jsonl relies on (compare, merge, summaries, the experiment scripts), and its type.
+REQUIRED = {"id": str, "benchmark": str, "turn": int, "accept_lengths": list}
+
+
+def _bad_field(rec) -> str | None:
+    """Why a parsed line is not a sample record (a phrase that follows "line N: "), or None."""
+    if not isinstance(rec, dict):
+        return f"a JSON {type(rec).__name__}, not a sample record (a JSON object)"
+    missing = [k for k in REQUIRED if k not in rec]
+    if missing:
+        return f"a record without {', '.join(repr(k) for k in missing)}"
+    for key, kind in REQUIRED.items():
+        v = rec[key]
+        if not isinstance(v, kind) or isinstance(v, bool):          # bool is an int to isinstance, never a turn
+            return f"{key}={v!r} is a {type(v).__name__}; expected a {kind.__name__}"
+    if rec["turn"] < 0:
+        return f"turn={rec['turn']}; expected an int >= 0"
+    if not all(isinstance(a, int) and not isinstance(a, bool) for a in rec["accept_lengths"]):
+        return "accept_lengths holds a value that is not an int; expected a list of ints"
+    return None
+
+
+def read_text(path: Path) -> str:
+    """A results file as text: plain, or gzipped (`.gz`, an archived copy); a directory, unreadable bytes or bytes
+    that are not UTF-8 are one line naming the file (and line)."""
+    return files.read_text(path, "results file")
+
+
+def read_json(path) -> dict:
+    """A run's JSON file (summary.json, run.json, a card) as an object; anything else is one line naming it."""
+    path = Path(path)
+    try:
+        obj = json.loads(read_text(path))
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path} is corrupt (not JSON: {e.msg} at line {e.lineno}); rerun what wrote it or move "
+                        f"it away") from None
+    check(isinstance(obj, dict), f"{path} is corrupt (a JSON {type(obj).__name__}, expected an object); rerun "
+                                 f"what wrote it or move it away")
+    return obj
+
+
 def read_records(path: Path) -> tuple[list[dict], bool]:
-    """The records of a samples.jsonl, and whether its tail was torn (an unterminated last line, dropped even
-    when it parses: the writer did not finish it). A bad line before the last is a one-line error."""
+    """The records of a samples.jsonl (or samples.jsonl.gz), and whether its tail was torn (an unterminated last
+    line, dropped even when it parses: the writer did not finish it). Every other line must be a sample record with
+    the REQUIRED fields; anything else is a one-line error naming the file and line (it is not ours to guess).
+    This is the one reader of samples.jsonl: the store, compare, merge and the experiment scripts use it."""
+    path = Path(path)
     if not path.exists():
         return [], False
-    text = path.read_text(encoding="utf-8")
-    lines = text.split("\n")
+    lines = read_text(path).split("\n")
     torn = lines.pop() != ""                # the piece after the last "\n": empty for a well-terminated file
     records = []
     for n, line in enumerate(lines, 1):
@@ -126,11 +175,48 @@ def read_records(path: Path) -> tuple[list[dict], bool]:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
-            rec = None
-        check(isinstance(rec, dict) and {"benchmark", "id"} <= rec.keys(),
-              f"{path} line {n} is corrupt (not a sample record); move the file away or choose another hydra.run.dir")
+            raise UserError(f"{path} line {n} is corrupt (not JSON); move the file away or choose another "
+                            f"directory") from None
+        why = _bad_field(rec)
+        check(why is None, f"{path} line {n}: {why}; move the file away or choose another directory")
         records.append(rec)
     return records, torn
+
+
+def samples_path(run_dir) -> Path | None:
+    """`samples.jsonl` of a run directory, or `samples.jsonl.gz` of an archived copy, or None."""
+    path = Path(run_dir) / SAMPLES
+    packed = path.with_name(SAMPLES + ".gz")
+    return path if path.exists() else packed if packed.exists() else None
+
+
+def run_records(run_dir) -> list[dict]:
+    """The records of a run directory (a finished run, or one in progress: its torn last line dropped), for the
+    readers of results (compare, report, experiment scripts); a directory without results is one line."""
+    d = Path(run_dir)
+    check(d.is_dir(), f"{run_dir!s} is not a directory; expected a run directory of task=replay or task=eval")
+    path = samples_path(d)
+    check(path is not None, f"{run_dir!s}: no {SAMPLES} (a run directory of task=replay or task=eval)")
+    return read_records(path)[0]
+
+
+@contextlib.contextmanager
+def claimed_for(out_dir, task: str):
+    """Hold `out_dir` for a task that writes files of its own there rather than samples (compare, report,
+    dashboard, prior, train, regenerate): the same lock as a run (busy -> refused), and a directory holding another
+    run's results (its run.json, samples.jsonl or summary.json) is refused before anything is written, as a run with
+    other settings would be."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    held = lock(d / LOCK)
+    try:
+        found = [n for n in (RUN, SAMPLES, SAMPLES + ".gz", SUMMARY) if (d / n).exists()]
+        if found:
+            raise UserError(f"hydra.run.dir={d} holds another run's results ({found[0]}); task={task} writes its "
+                            f"files into a directory of its own: choose another hydra.run.dir")
+        yield d
+    finally:
+        held.close()
 
 
 class ResultStore:

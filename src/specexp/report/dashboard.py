@@ -19,11 +19,10 @@ What the panels read, i.e. what the runs log (tracking.py; training through Ligh
 """
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 from ..errors import check
+from ..eval.store import claimed_for, read_json
 from ..tracking import write_json
 
 EVAL_FILTER = "JobType = 'eval'"
@@ -130,8 +129,9 @@ def run_dashboard(cfg, out_dir) -> dict:
         check(False, "task=dashboard needs wandb-workspaces: pip install -e '.[dashboards]'")
     benchmarks, positions = list(cfg.benchmark.names), int(d.max_position)
     workspace, reports = build(d.project, d.entity or "", benchmarks, positions, d.sweep_group)
-    path = Path(out_dir) / "dashboard.json"
-    write_json(path, spec(workspace, reports))
+    with claimed_for(out_dir, "dashboard") as out:  # never into another run's directory (eval/store.py)
+        path = out / "dashboard.json"
+        write_json(path, spec(workspace, reports))
     print(f"specexp: dashboard spec: {path} (workspace + {len(reports)} reports)", flush=True)
     if not d.push:
         return {"spec": str(path)}
@@ -147,4 +147,4 @@ def run_dashboard(cfg, out_dir) -> dict:
 
 
 def load_spec(path) -> dict:
-    return json.loads(Path(path).read_text())
+    return read_json(path)                  # a corrupt spec is one line naming it

@@ -29,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import check
+from ..eval.store import claimed_for, read_json
 from ..tracking import write_text_atomic
 from . import plots
 
@@ -57,7 +58,7 @@ class Inputs:
 
 # ------------------------------------------------------------------------------------------------ reading
 def _json(path: Path) -> dict:
-    return json.loads(path.read_text())
+    return read_json(path)                  # the store's reader: a corrupt summary is one line naming it
 
 
 def _flat(node, prefix="") -> dict:
@@ -324,7 +325,8 @@ def run_report(cfg, out_dir) -> dict:
     check(len(runs) > 0, "report.runs is empty; give one or more run or sweep directories: "
                          "report.runs='[DIR,...]'")
     inputs = collect(runs)
-    path = render(inputs, Path(out_dir), cfg.report.title or "specexp report", [str(r) for r in runs])
+    with claimed_for(out_dir, "report") as d:       # never into another run's directory (eval/store.py)
+        path = render(inputs, d, cfg.report.title or "specexp report", [str(r) for r in runs])
     print(f"specexp: report: {path} ({len(inputs.runs)} runs, {len(inputs.sweeps)} sweeps, "
           f"{len(inputs.trainings)} trainings)", flush=True)
     return {"index": str(path)}

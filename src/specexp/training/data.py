@@ -7,11 +7,9 @@ response tokens; the loss mask is 1 on response tokens (the stop token included 
 """
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import json
-import lzma
 import os
 import random
 import re
@@ -22,32 +20,17 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .. import pins
+from .. import files, pins
 from ..errors import UserError, check, differing_keys
 
 CORPUS_DIR = Path(__file__).resolve().parents[3] / "data" / "corpus"
 CORPORA = {"gsm8k_train": "gsm8k_train.jsonl", "mbpp_nontest": "mbpp_nontest.jsonl",
            "sharegpt": "sharegpt_v3_sample.jsonl", "sharegpt_more": "sharegpt_v3_more.jsonl"}
-# Committed data files may be stored compressed beside their names (`x.jsonl.gz`, `tokens.npy.xz`): the plain file
-# wins when both exist; hashes and manifests always describe the uncompressed bytes.
-PACKED = {".gz": gzip.decompress, ".xz": lzma.decompress}
+# Committed data files may be stored compressed beside their names (`x.jsonl.gz`, `tokens.npy.xz`; files.stored):
+# hashes and manifests always describe the uncompressed bytes.
+stored_file = files.stored
 
 
-def stored_file(path: Path) -> Path | None:
-    """The file on disk behind `path`: itself, else its .gz or .xz form, else None."""
-    for f in (path, *(path.with_name(path.name + ext) for ext in PACKED)):
-        if f.is_file():
-            return f
-    return None
-
-
-def read_bytes(path: Path) -> bytes:
-    """The uncompressed bytes behind `path` (see `stored_file`); FileNotFoundError when none exists."""
-    f = stored_file(path)
-    if f is None:
-        raise FileNotFoundError(path)
-    raw = f.read_bytes()
-    return raw if f == path else PACKED[f.suffix](raw)
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 
@@ -69,29 +52,43 @@ class Conversation:
     answer: str               # the corpus's own first answer
 
 
+def _corpus_row(line: str, path: Path, n: int, name: str) -> Conversation:
+    """One corpus line as a Conversation, or one line naming the file, the line and what a record holds."""
+    expected = 'expected {"id": str, "messages": [{"role": "user", ...}, {"role": "assistant", ...}, ...]}'
+    try:
+        r = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path} line {n}: not valid JSON ({e.msg}); {expected}") from None
+    check(isinstance(r, dict), f"{path} line {n}: a JSON {type(r).__name__}, not a record; {expected}")
+    check(isinstance(r.get("id"), (str, int)) and not isinstance(r.get("id"), bool),
+          f"{path} line {n}: no 'id' (every record needs its own id: regeneration resumes by it); {expected}")
+    m = r.get("messages")
+    ok = (isinstance(m, list) and len(m) >= 2 and all(isinstance(x, dict) for x in m[:2])
+          and m[0].get("role") == "user" and m[1].get("role") == "assistant"
+          and isinstance(m[0].get("content"), str) and isinstance(m[1].get("content"), str))
+    check(ok, f"{path} line {n}: 'messages' must start with a user turn then an assistant turn; {expected}")
+    user = m[0]["content"] + (MATH_SUFFIX if name == "gsm8k_train" else "")
+    return Conversation(str(r["id"]), user, m[1]["content"])
+
+
 def load_corpus(names: list[str], max_samples: int | None, seed: int,
                 data_dir: Path | None = None) -> list[Conversation]:
     """First exchanges of the named corpus files, shuffled per file with `seed`, `max_samples` per file."""
+    if data_dir:
+        data_dir = Path(data_dir).expanduser()
+        check(data_dir.is_dir(), f"data.corpus_dir={str(data_dir)!r} is {'a file' if data_dir.exists() else 'missing'};"
+                                 f" expected a directory holding the corpus files ({', '.join(CORPORA.values())})")
     data_dir = Path(data_dir) if data_dir else CORPUS_DIR
     out = []
     for name in names:
         check(name in CORPORA, f"data.corpus: {name!r} is not valid; choose from: {', '.join(CORPORA)}")
-        rows = []
         f = data_dir / CORPORA[name]
-        check(stored_file(f) is not None, f"data.corpus: {name!r}: no {f} (nor {f.name}.gz)")
+        stored = stored_file(f)
+        check(stored is not None, f"data.corpus: {name!r}: no {f} (nor {f.name}.gz)")
+        # files.read_text: bytes that are not UTF-8 or a broken .gz are one line naming the file (and line).
         # split("\n"), not splitlines(): the texts contain U+2028 and other characters splitlines breaks on.
-        for n, line in enumerate(read_bytes(f).decode("utf-8").split("\n"), 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-                m = r["messages"]
-                assert m[0]["role"] == "user" and m[1]["role"] == "assistant"
-            except (json.JSONDecodeError, KeyError, IndexError, AssertionError):
-                raise UserError(f"{data_dir / CORPORA[name]} line {n}: expected "
-                                "{id, messages: [user, assistant, ...]}") from None
-            user = m[0]["content"] + (MATH_SUFFIX if name == "gsm8k_train" else "")
-            rows.append(Conversation(r["id"], user, m[1]["content"]))
+        lines = files.read_text(stored, "corpus file").split("\n")
+        rows = [_corpus_row(line, stored, n, name) for n, line in enumerate(lines, 1) if line.strip()]
         random.Random(seed).shuffle(rows)
         out += rows[:max_samples]
     return out
@@ -107,6 +104,50 @@ def hub_spec(hub) -> dict:
     """What names a hub data set in stage and data hashes: id, revision, config name, data files, split, format."""
     h = dict(hub)
     return {k: h.get(k) for k in ("id", "revision", "name", "data_files", "split", "format")}
+
+
+def _check_local_jsonl(path: Path, field: str) -> None:
+    """A local JSON-lines file is checked here, line by line, before the json builder reads it: its own errors name
+    neither file nor line. A JSON document (an array) is left to the builder."""
+    text = files.read_text(path, "data.hub.id file")
+    if text.lstrip().startswith("["):
+        return
+    for n, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path} line {n}: not valid JSON ({e.msg}); expected one record a line, "
+                            f"{{{field}: [turns]}}") from None
+        check(isinstance(r, dict), f"{path} line {n}: a JSON {type(r).__name__}, not a record {{{field}: [turns]}}")
+        turns = r.get(field)                # absent: the column check after loading names what is there
+        check(turns is None or isinstance(turns, list),
+              f"{path} line {n}: {field!r} is a {type(turns).__name__}; expected a list of turns")
+
+
+def _offline() -> bool:
+    return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on") for k in ("HF_HUB_OFFLINE",
+                                                                                      "HF_DATASETS_OFFLINE"))
+
+
+def _load_dataset(datasets, spec: dict, src: str, local: Path):
+    """`datasets.load_dataset` for data.hub; a data set that cannot be found or read is one line (offline: said)."""
+    try:
+        if local.is_file():
+            return datasets.load_dataset("json", data_files=str(local), split=spec["split"])
+        revision = spec["revision"] if local.is_dir() else pins.revision(src, spec["revision"], "dataset")
+        return datasets.load_dataset(str(local) if local.is_dir() else src, name=spec["name"],
+                                     data_files=spec["data_files"], split=spec["split"], revision=revision)
+    except UserError:
+        raise
+    except Exception as e:          # datasets raises many kinds (not found, offline, a bad split or file): one line
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        where = ("not a local file or directory, and offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) with no "
+                 "cached copy" if _offline() and not local.exists() else
+                 "not found or not readable" if not local.exists() else "not readable as a data set")
+        raise UserError(f"data.hub.id={src!r}: {where} ({type(e).__name__}: {first}); expected a hub dataset id, "
+                        f"a local directory or a JSON/JSONL file") from None
 
 
 def load_hub(hub, max_samples: int | None, seed: int) -> list[Conversation]:
@@ -125,20 +166,20 @@ def load_hub(hub, max_samples: int | None, seed: int) -> list[Conversation]:
     check(spec["format"] in HUB_FORMATS,
           f"data.hub.format={spec['format']!r} is not valid; choose from: {', '.join(HUB_FORMATS)}")
     src, local = str(spec["id"]), Path(str(spec["id"])).expanduser()
-    if local.is_file():
-        ds = datasets.load_dataset("json", data_files=str(local), split=spec["split"])
-    else:
-        ds = datasets.load_dataset(str(local) if local.is_dir() else src, name=spec["name"],
-                                   data_files=spec["data_files"], split=spec["split"],
-                                   revision=spec["revision"] if local.is_dir() else pins.revision(src, spec["revision"],
-                                                                                                  "dataset"))
     field = "conversations" if spec["format"] == "sharegpt" else "messages"
+    if local.is_file():
+        _check_local_jsonl(local, field)
+    ds = _load_dataset(datasets, spec, src, local)
     check(field in ds.column_names, f"data.hub: {src} has columns {ds.column_names}; format {spec['format']} "
                                     f"reads {field!r}")
     rows, skipped = [], 0
     for n, r in enumerate(ds):
         turns = []
+        check(isinstance(r[field], list) or r[field] is None,
+              f"data.hub: {src} record {n}: {field!r} is a {type(r[field]).__name__}; expected a list of turns")
         for m in r[field] or []:
+            check(isinstance(m, dict), f"data.hub: {src} record {n}: a turn of {field!r} is a {type(m).__name__}; "
+                                       f"expected {{role, content}} or {{from, value}}")
             role = _ROLES.get(m.get("role") or m.get("from") or "")
             text = m.get("content") if m.get("content") is not None else m.get("value")
             check(role is not None and isinstance(text, str),
@@ -477,10 +518,7 @@ def import_regen(src: Path, target, convs: list[Conversation], out_file: Path, r
         raise UserError(f"data.regen_import: {mpath} is not valid JSON ({e.msg}, line {e.lineno})") from None
     check(m.get("format") == REGEN_FORMAT, f"data.regen_import: {mpath} has format {m.get('format')!r}; "
                                            f"this version reads {REGEN_FORMAT!r}")
-    try:
-        tbytes = read_bytes(tpath)
-    except Exception as e:                              # OSError, EOFError, lzma.LZMAError, gzip.BadGzipFile
-        raise UserError(f"data.regen_import: cannot read {stored_file(tpath)} ({type(e).__name__}: {e})") from None
+    tbytes = files.read_bytes(stored_file(tpath), "data.regen_import")     # a cut .xz: one line, naming it
     check(hashlib.sha256(tbytes).hexdigest() == m["sha256"],
           f"data.regen_import: {stored_file(tpath)} does not match the sha256 in its manifest (a changed or cut file)")
     prov = m["provenance"]

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from ..drafters import dels
 from ..drafters.dflash import DFlashDraftModel, resolve_checkpoint
 from ..errors import check, one_of
+from ..eval.store import claimed_for
 from ..tracking import write_json
 from .anchors import adamw_cosine, sample_anchors, step_generator
 from .data import step_taps
@@ -144,17 +145,34 @@ def head_plan(ctx) -> TrainPlan:
         eval_overrides=lambda path: {"head": {"init": "checkpoint", "checkpoint": path}})
 
 
+def prior_destination(task, out_dir) -> Path:
+    """The directory `task=prior` writes log_prior.safetensors into: `task.out`, a directory (a head's), which may
+    already hold a prior only with `task.overwrite=true`; else the run directory (a rerun there replaces its own)."""
+    overwrite = task.get("overwrite", False)
+    check(isinstance(overwrite, bool), f"task.overwrite={overwrite!r} is not valid; expected true or false")
+    if not task.get("out"):
+        return Path(out_dir)
+    dest = Path(str(task.out)).expanduser()
+    check(not dest.exists() or dest.is_dir(), f"task.out={str(dest)!r} is a file; expected a directory (the prior "
+                                              f"is written to DIR/{dels.PRIOR_FILE}, e.g. a head's directory)")
+    check(overwrite or not (dest / dels.PRIOR_FILE).exists(),
+          f"task.out={str(dest)!r} already holds {dels.PRIOR_FILE}; choose another directory, or set "
+          f"task.overwrite=true to replace it")
+    return dest
+
+
 def run_prior(cfg, out_dir) -> dict:
     """`task=prior`: the unigram prior of the data config's sequences, written to `task.out` (default: the
     run directory); point it at a head's directory to put the prior beside the head."""
-    ctx = context(cfg, lean=True)                   # counts tokens: no decoder layer needed
-    counts = count_assistant_tokens(ctx.seqs, ctx.target.vocab_size)
-    dest = Path(cfg.task.out) if cfg.task.get("out") else Path(out_dir)
-    path = dels.save_prior(counts, dest, cfg.task.smoothing, {"data_hash": ctx.data_hash, "sequences": len(ctx.seqs)})
-    summary = {"prior": str(path), "tokens": int(counts.sum()), "distinct": int((counts > 0).sum()),
-               "vocab_size": ctx.target.vocab_size, "smoothing": cfg.task.smoothing, "data_hash": ctx.data_hash}
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    write_json(Path(out_dir) / "prior.json", summary)
+    dest = prior_destination(cfg.task, out_dir)   # before any work: a refusal costs nothing
+    with claimed_for(out_dir, "prior") as d:        # the run directory: never another run's (eval/store.py)
+        ctx = context(cfg, lean=True)               # counts tokens: no decoder layer needed
+        counts = count_assistant_tokens(ctx.seqs, ctx.target.vocab_size)
+        path = dels.save_prior(counts, dest, cfg.task.smoothing, {"data_hash": ctx.data_hash,
+                                                                  "sequences": len(ctx.seqs)})
+        summary = {"prior": str(path), "tokens": int(counts.sum()), "distinct": int((counts > 0).sum()),
+                   "vocab_size": ctx.target.vocab_size, "smoothing": cfg.task.smoothing, "data_hash": ctx.data_hash}
+        write_json(d / "prior.json", summary)
     print(f"specexp: {summary}", flush=True)
     return summary
 

@@ -37,6 +37,7 @@ from omegaconf import OmegaConf
 from .. import registry
 from ..checkpoints import replace_atomic
 from ..errors import check
+from ..eval.store import claimed_for
 from ..targets import cache_root, resolve_device
 from ..tracking import write_json, write_text_atomic
 from . import data as D
@@ -79,6 +80,8 @@ def prepare_sequences(data, target_cfg, target, stages: Path) -> tuple[list[D.Se
         payload = {"target": target_fingerprint(target_cfg, target), "corpus": list(data.corpus),
                    "max_samples": data.max_samples, "seed": data.shuffle_seed,
                    "regen": OmegaConf.to_container(r, resolve=True), **({"hub": hub} if hub else {})}
+        if data.get("corpus_dir"):          # other files under the same corpus names: their prompts key the stage
+            payload["prompts"] = D.digest([[c.id, c.user] for c in convs])
         stage = stage_dir(stages, "regen", payload)
         out = stage / "regen.jsonl"
         with stage_lock(stage):             # ranks started together build it once (stage_lock)
@@ -193,10 +196,9 @@ def wandb_logger(logger, run_dir: Path, config: dict):
     job type = the task, config + run_info); offline unless a key or logger.mode says otherwise."""
     from lightning.pytorch.loggers import WandbLogger
 
-    from ..tracking import wandb_run_args
+    from ..tracking import wandb_mode, wandb_run_args
 
-    mode = logger.get("mode") or os.environ.get("WANDB_MODE") or (
-        "online" if os.environ.get("WANDB_API_KEY") else "offline")
+    mode = wandb_mode(logger.get("mode"), os.environ)       # WANDB_MODE=offline is never overridden
     # mode= goes to wandb.init as is (Lightning's offline=True would rewrite WANDB_MODE in the environment)
     return WandbLogger(project=logger.project, entity=logger.get("entity"), save_dir=str(run_dir), mode=mode,
                        tags=list(logger.get("tags") or []), **wandb_run_args(config, run_dir))
@@ -318,11 +320,18 @@ def context(cfg, device: torch.device | None = None, lean: bool = False) -> Trai
 
 
 def run_train(cfg, out_dir) -> dict:
-    """`task=train drafter=NAME`: the drafter's plan through the shared sequence (module docstring)."""
-    plan_fn = registry.trainer(cfg.drafter.name)
+    """`task=train drafter=NAME`: the drafter's plan through the shared sequence (module docstring). The run
+    directory is claimed as every task's is (eval/store.py: busy or holding another run's results -> refused) by
+    the launch's rank 0; the other ranks write nothing there."""
     where = placement(cfg.device, cfg.train)         # before anything is built: a run that cannot be placed is one line
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if where.launch_rank != 0:
+        return _train(cfg, Path(out_dir), where)
+    with claimed_for(out_dir, "train") as d:
+        return _train(cfg, d, where)
+
+
+def _train(cfg, out_dir: Path, where: Placement) -> dict:
+    plan_fn = registry.trainer(cfg.drafter.name)
     lean = registry.train_tokens_only(cfg.drafter)   # the DeLS heads: the vocabulary matrices, no decoder layer
     ctx = context(cfg, where.device, lean)           # this rank's target on this rank's device
     tc, device, subset, whole = ctx.train, ctx.target.device, {}, {}
@@ -423,9 +432,10 @@ def _wandb_finish(trainer, card: dict, final: Path) -> None:
 
 def run_regenerate(cfg, out_dir) -> dict:
     """`task=regenerate`: the training sequences alone (the target's own answers, cached)."""
-    ctx = context(cfg)
-    summary = {"sequences": len(ctx.seqs), "tokens": sum(len(s.ids) for s in ctx.seqs),
-               "response_tokens": ctx.response_tokens, "data_hash": ctx.data_hash}
-    write_json(Path(out_dir) / "data.json", summary)
+    with claimed_for(out_dir, "regenerate") as d:    # never into another run's directory, nor while one runs there
+        ctx = context(cfg)
+        summary = {"sequences": len(ctx.seqs), "tokens": sum(len(s.ids) for s in ctx.seqs),
+                   "response_tokens": ctx.response_tokens, "data_hash": ctx.data_hash}
+        write_json(d / "data.json", summary)
     print(f"specexp: {summary}", flush=True)
     return summary
