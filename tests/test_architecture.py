@@ -6,8 +6,8 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "specexp"
 CORE = ("specexp.decoding", "specexp.drafters", "specexp.kernels")
-ABOVE = ("specexp.eval", "specexp.training", "specexp.registry", "specexp.cli", "specexp.__main__",
-         "specexp.report", "specexp.tracking")
+ABOVE = ("specexp.eval", "specexp.training", "specexp.registry", "specexp.cli", "specexp.__main__", "specexp.api",
+         "specexp.tasks", "specexp.report", "specexp.tracking")
 
 
 def _module_name(path: Path) -> str:
@@ -32,7 +32,10 @@ def _imports(path: Path) -> list[tuple[str, list[str]]]:
             # `from . import x` imports the submodule x
             subs = [f"{target}.{n}" for n in names if (SRC.parent / f"{target}.{n}".replace(".", "/")).with_suffix(
                 ".py").exists() or (SRC.parent / f"{target}.{n}".replace(".", "/")).is_dir()]
-            out += [(s, []) for s in subs] + [(target, [n for n in names if f"{target}.{n}" not in subs])]
+            rest = [n for n in names if f"{target}.{n}" not in subs]
+            # `from . import x` of submodules alone: an edge to each submodule, none to the package's __init__
+            # (already imported before any of its modules runs; specexp/__init__ imports the API lazily)
+            out += [(s, []) for s in subs] + ([(target, rest)] if rest or not subs else [])
     return out
 
 

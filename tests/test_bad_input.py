@@ -373,7 +373,7 @@ CASES = [
          runs([_rec(1), "[1]", _rec(3)])),
     case("compare_missing_field", COMPARE, "TMP/a/samples.jsonl line 2: a record without 'accept_lengths'",
          runs([_rec(1), _without("accept_lengths")])),
-    case("compare_turn_str", COMPARE, "TMP/a/samples.jsonl line 2: turn='0' is a str; expected a int",
+    case("compare_turn_str", COMPARE, "TMP/a/samples.jsonl line 2: turn='0' is a str; expected an int",
          runs([_rec(1), _rec(2, turn="0")])),
     case("compare_corrupt_gz", COMPARE, "TMP/a/samples.jsonl.gz line 2 is corrupt (not JSON)",
          runs([_rec(1), "{corrupt", _rec(3)], packed=True)),

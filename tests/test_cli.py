@@ -162,5 +162,5 @@ def test_precheck_leaves_the_keys_of_a_sweep_file_to_hydra():
 
     precheck(["-m", "--config-dir", "sweeps", "--config-name", "dedit", "drafter.edit.passes=2",
               "drafter.edit.window=4,5"])                                    # returns: no SystemExit
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError, match="unknown key 'drafter.edit'"):
         precheck(["drafter.edit.passes=2"])                                 # the default drafter has no edit keys

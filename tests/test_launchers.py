@@ -14,6 +14,7 @@ from conftest import CONF, ROOT
 from hydra import compose, initialize_config_dir
 
 from specexp import cli
+from specexp.errors import UserError
 
 SWEEPS = ROOT / "sweeps"
 
@@ -37,14 +38,12 @@ def test_every_launcher_file_extends_a_known_launcher():
 
 def test_a_missing_launcher_plugin_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli, "installed_launchers", lambda: {"basic"})
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError) as e:
         cli.precheck(["-m", "hydra/launcher=local", "eval.max_new_tokens=4,8"])
-    assert capsys.readouterr().err == ("specexp: error: hydra/launcher=local needs the hydra-joblib-launcher plugin, "
-                                       "which is not installed: pip install -e '.[joblib]' (or pip install "
-                                       "hydra-joblib-launcher)\n")
-    with pytest.raises(SystemExit):
+    assert str(e.value) == ("hydra/launcher=local needs the hydra-joblib-launcher plugin, which is not installed: "
+                            "pip install -e '.[joblib]' (or pip install hydra-joblib-launcher)")
+    with pytest.raises(UserError, match="hydra/launcher=slrum is not an option; choose one of: basic, joblib, local"):
         cli.precheck(["-m", "hydra/launcher=slrum"])
-    assert "hydra/launcher=slrum is not an option; choose one of: basic, joblib, local" in capsys.readouterr().err
     monkeypatch.undo()
     cli.precheck(["-m", "hydra/launcher=local"])                    # installed here (the test extra)
 

@@ -20,49 +20,7 @@ from omegaconf import DictConfig
 from . import cli
 from .cli import CONF_DIR, fail, precheck
 from .errors import UserError
-
-
-def run_task(cfg: DictConfig, out_dir: str):
-    from .config import check_run_dir, check_run_layout, validate
-
-    validate(cfg)                   # keys, types and ranges of the composed config, before any work
-    import torch
-    from omegaconf import OmegaConf
-
-    from . import registry
-    from .errors import one_of
-    from .eval.compare import run_compare
-    from .eval.evaluator import run_eval
-    from .eval.fusion_grid import run_grid
-    from .eval.merge import run_merge
-    from .eval.replay import grid_requested, run_replay
-    from .report.dashboard import run_dashboard
-    from .report.page import run_report
-    from .training.local_heads import run_prior
-    from .training.pipeline import run_regenerate, run_train
-
-    # Which checkpoints a drafter uses for a target is the drafter's knowledge (its registry entry); filled here,
-    # at the edge, so every later stage (fingerprints, training stages, cards) sees the resolved paths, and the
-    # run directory is checked against them before it is claimed.
-    cfg.drafter = registry.fill_default_checkpoints(cfg.drafter, cfg.target.name)
-    check_run_layout(OmegaConf.to_container(cfg.drafter, resolve=True), out_dir)
-    check_run_dir(out_dir)
-
-    def replay(cfg, out):                        # τ without decoding, on cached greedy references; with
-        return (run_grid if grid_requested(cfg) else run_replay)(cfg, out)   # replay.fusion_grid: the α/β grid
-
-    tasks = {"eval": run_eval, "train": run_train, "regenerate": run_regenerate, "prior": run_prior}
-    tasks["replay"] = replay
-    tasks["compare"] = run_compare               # paired comparison of two result directories
-    tasks["merge"] = run_merge                   # the shards of one run (eval.shard=I/N) -> the unsharded run's files
-    tasks["report"] = run_report                 # a static HTML page over kept result directories
-    tasks["dashboard"] = run_dashboard           # the W&B workspace and reports as code (dashboard.json)
-    one_of("task", cfg.task.name, tasks)
-    torch.manual_seed(cfg.seed)
-    if cfg.get("cpu_threads") is not None:
-        torch.set_num_threads(cfg.cpu_threads)
-    summary = tasks[cfg.task.name](cfg, out_dir)
-    return summary.get("macro", {}).get("tau") if isinstance(summary, dict) else None
+from .tasks import run_task, sweeper_metric
 
 
 def error_line(e: Exception, log: Path) -> tuple[str, int]:
@@ -80,7 +38,7 @@ def error_line(e: Exception, log: Path) -> tuple[str, int]:
 
 def _job(cfg: DictConfig, out_dir: str):
     try:
-        return run_task(cfg, out_dir)
+        return sweeper_metric(run_task(cfg, out_dir))
     except Exception as e:          # the last resort: no traceback reaches the terminal (error_line)
         fail(*error_line(e, Path(out_dir) / cli.LOG_NAME))
 
@@ -91,7 +49,7 @@ def _sweep_job(cfg: DictConfig, out_dir: str, num: int):
     error = Path(out_dir) / cli.ERROR_FILE
     error.unlink(missing_ok=True)   # a resumed sweep: only this attempt's outcome counts
     try:
-        return run_task(cfg, out_dir)
+        return sweeper_metric(run_task(cfg, out_dir))
     except Exception as e:
         message, _ = error_line(e, Path(out_dir) / cli.LOG_NAME)
         cli.record_job_error(error, message)

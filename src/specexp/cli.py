@@ -1,5 +1,6 @@
 """Command-line checks that run before Hydra: a wrong group option or key is one line listing the valid
-choices (Hydra's own messages span many lines and end with a stack-trace hint)."""
+choices (Hydra's own messages span many lines and end with a stack-trace hint). The checks raise `UserError`;
+the entry point (`__main__.main`) prints it as one line and exits 2, and the Python API (api.py) raises it."""
 from __future__ import annotations
 
 import os
@@ -9,6 +10,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from .config import unknown_key_message
+from .errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 # Hydra flags that take a value as the next argument.
@@ -112,12 +114,8 @@ def plugin_config_dirs() -> list:
     if not os.environ.get("SPECEXP_PLUGINS"):
         return []                   # keep the common path free of the registry's torch import
     from . import registry
-    from .errors import UserError
 
-    try:
-        registry.load_plugins()
-    except UserError as e:
-        fail(str(e))
+    registry.load_plugins()                     # a plugin that fails: one UserError line
     return registry.config_dirs()
 
 
@@ -168,10 +166,10 @@ def _check_launcher(parsed) -> None:
         known, installed = launchers(), installed_launchers()
         for name in (list(o.sweep_string_iterator()) if o.is_sweep_override() else [str(o.value())]):
             if name not in known:
-                fail(f"hydra/launcher={name} is not an option; choose one of: {', '.join(sorted(known))}")
+                raise UserError(f"hydra/launcher={name} is not an option; choose one of: {', '.join(sorted(known))}")
             if known[name] not in installed and known[name] in LAUNCHER_PLUGINS:
                 package, extra = LAUNCHER_PLUGINS[known[name]]
-                fail(f"hydra/launcher={name} needs the {package} plugin, which is not installed: "
+                raise UserError(f"hydra/launcher={name} needs the {package} plugin, which is not installed: "
                      f"pip install -e '.[{extra}]' (or pip install {package})")
 
 
@@ -196,7 +194,7 @@ def _check_output_dir(parsed, multirun: bool) -> None:
     value = ([str(o.value()) for o in parsed if o.key_or_group == key] or [None])[-1]     # the last one wins
     label = f"{key}={value}"
     if value is not None and not value.strip():     # Hydra would take it as the working directory itself
-        fail(f"{key}={value!r} is empty; name a directory for the run's files (or drop it for the default, "
+        raise UserError(f"{key}={value!r} is empty; name a directory for the run's files (or drop it for the default, "
              f"outputs/TASK/DATE_TIME)")
     if value is None or "${" in value:          # the default: a new directory under the working directory
         value, label = ".", f"the working directory (where {key} goes by default)"
@@ -204,11 +202,11 @@ def _check_output_dir(parsed, multirun: bool) -> None:
     while not p.exists() and p != p.parent:
         p = p.parent
     if not p.is_dir():
-        fail(f"{label}: {p} is not a directory")
+        raise UserError(f"{label}: {p} is not a directory")
     try:
         tempfile.TemporaryFile(dir=p).close()
     except OSError as e:
-        fail(f"{label}: cannot write in {p} ({e.strerror})")
+        raise UserError(f"{label}: cannot write in {p} ({e.strerror})")
 
 
 # Hydra flags refused outright: --experimental-rerun unpickles its file, so a crafted file runs any code.
@@ -220,7 +218,7 @@ def _check_flags(argv: list[str]) -> None:
     for a in argv:
         flag = a.split("=", 1)[0]
         if flag in REFUSED_FLAGS:
-            fail(f"{flag} is refused: {REFUSED_FLAGS[flag]}")
+            raise UserError(f"{flag} is refused: {REFUSED_FLAGS[flag]}")
 
 
 def precheck(argv: list[str]) -> None:
@@ -233,7 +231,7 @@ def precheck(argv: list[str]) -> None:
     try:
         parsed = OverridesParser.create().parse_overrides(_overrides(argv))
     except HydraException as e:
-        fail(_first_line(e))
+        raise UserError(_first_line(e))
     _check_output_dir(parsed, multirun=any(a in ("-m", "--multirun") for a in argv))
     _check_launcher(parsed)
     options = groups()
@@ -246,7 +244,7 @@ def precheck(argv: list[str]) -> None:
             values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
             for v in values:
                 if str(v) not in options[key]:
-                    fail(f"{key}={v} is not an option; choose one of: {', '.join(options[key])}")
+                    raise UserError(f"{key}={v} is not an option; choose one of: {', '.join(options[key])}")
             group_args.append(f"{o.get_key_element()}={values[0]}")
     if any(a in ("--config-name", "-cn", "--config-dir", "-cd") or a.startswith(("--config-name=", "--config-dir="))
            for a in argv):
@@ -256,13 +254,13 @@ def precheck(argv: list[str]) -> None:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="config", overrides=group_args)
     except HydraException as e:
-        fail(_first_line(e))
+        raise UserError(_first_line(e))
     for o in parsed:
         key = o.key_or_group
         if key.startswith("hydra") or key in options or o.is_add() or o.is_force_add() or o.is_delete():
             continue
         if OmegaConf.select(cfg, key, default="<missing>") == "<missing>":
-            fail(unknown_key_message(OmegaConf.to_container(cfg), key))
+            raise UserError(unknown_key_message(OmegaConf.to_container(cfg), key))
         if not o.is_sweep_override() and isinstance(o.value(), dict):
             _check_merged_keys(cfg, key, o.value())
 
@@ -275,6 +273,6 @@ def _check_merged_keys(cfg, key: str, value: dict) -> None:
         return                                  # a scalar or a list is replaced, not merged
     for k, v in value.items():
         if k not in node:
-            fail(unknown_key_message(OmegaConf.to_container(cfg), f"{key}.{k}"))
+            raise UserError(unknown_key_message(OmegaConf.to_container(cfg), f"{key}.{k}"))
         if isinstance(v, dict):
             _check_merged_keys(cfg, f"{key}.{k}", v)

@@ -291,6 +291,7 @@ RULES = {
     "benchmark.source": (_one_of("local", "hf"), "local or hf"),
     "benchmark.edition": (_one_of("staged", "reference"), "staged or reference"),
     "target.dtype": (_one_of("auto", *DTYPES), "auto, " + ", ".join(DTYPES)),
+    "target.engine": (_one_of("hf", "static"), "hf or static"),
     "target.hidden_size": (_int(1, MAX_WIDTH), f"an int >= 1; {_upto(MAX_WIDTH)}"),
     "target.intermediate_size": (_int(1, MAX_WIDTH), f"an int >= 1; {_upto(MAX_WIDTH)}"),
     "target.num_layers": (_int(1, MAX_LAYERS), f"an int >= 1; {_upto(MAX_LAYERS)}"),

@@ -167,7 +167,12 @@ def build_target(cfg, device, lean: bool = False):
     """The target of `cfg` (the `target` group); `lean`: without its decoder layers (token-only training)."""
     one_of("target.loader", cfg.loader, TARGETS)
     if not lean:
-        return TARGETS[cfg.loader](cfg, device)
+        target = TARGETS[cfg.loader](cfg, device)
+        if cfg.get("engine", "hf") == "static":        # the same weights, run over a preallocated KV cache
+            from .static_target import StaticTarget
+
+            target = StaticTarget.of(target)
+        return target
     target = TARGETS[cfg.loader](cfg, device, lean=True)
     target.whole = lambda: TARGETS[cfg.loader](cfg, device)    # e.g. answers still to regenerate
     return target

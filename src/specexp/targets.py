@@ -110,7 +110,9 @@ class Target:
     def lm_head(self) -> torch.nn.Linear:
         return self.model.lm_head
 
-    def new_cache(self):
+    def new_cache(self, capacity: int | None = None):
+        """A KV cache for one sequence; `capacity` (positions it will hold) sizes a static engine's buffers, and
+        a `DynamicCache` grows as it goes."""
         from transformers import DynamicCache
 
         return DynamicCache(config=self.config)
@@ -208,6 +210,16 @@ class Target:
 
 # ----------------------------------------------------------------------------------------------- helpers
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")            # what `device=` accepts
+
+
+def target_settings(target_cfg) -> dict:
+    """The `target` group as the settings of a run, a training stage or a reference: without its cache directory,
+    and `engine` only when it is not the default `hf` (the static engine computes the same logits on the CPU, and
+    runs and stages made before the key existed keep their digests)."""
+    from omegaconf import OmegaConf
+
+    t = OmegaConf.to_container(target_cfg, resolve=True)
+    return {k: v for k, v in t.items() if k != "cache_dir" and not (k == "engine" and v == "hf")}
 
 
 def resolve_device(device: str) -> torch.device:

@@ -66,8 +66,9 @@ def generate(target, drafter: Drafter | None, prompt_ids: list[int], dc: DecodeC
         check_protocol(dc.protocol)                      # before the prefill, not at the first tree
 
     # Prefill: the first token is the target's own (no drafts), its logits from the last prompt position.
+    k_max = drafts_per_round(drafter, dc)
     t0 = now(dev)
-    cache = target.new_cache()
+    cache = target.new_cache(len(prompt_ids) + dc.max_new_tokens + k_max + 1)      # a tree may grow it
     ids = torch.tensor([prompt_ids], device=dev)                                     # [1, P]
     logits, hidden = target.forward(ids, 0, cache, taps=taps, last_only=True)        # [1, 1, V], [1, P, nH]
     _, anchor = verify(dc.protocol, logits[0], no_drafts.tokens, None, dc.temperature, generator)
@@ -81,7 +82,6 @@ def generate(target, drafter: Drafter | None, prompt_ids: list[int], dc: DecodeC
             drafter.prefill(hidden)
 
     start = len(prompt_ids)                              # position of the anchor
-    k_max = drafts_per_round(drafter, dc)
     t0 = now(dev)
     done = anchor in stops
     while not done and len(gen.tokens) < dc.max_new_tokens:

@@ -59,10 +59,15 @@ def compare_markdown(result: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+def compare_runs(a, b) -> dict:
+    """The paired comparison of run directories `a` and `b` (compare.json's content)."""
+    return {"a": _label(a), "b": _label(b), **compare(load_records(a), load_records(b))}
+
+
 def run_compare(cfg, out_dir) -> dict:
     c = cfg.compare
     check(bool(c.a) and bool(c.b), "task=compare needs compare.a=DIR and compare.b=DIR (run directories)")
-    result = {"a": _label(c.a), "b": _label(c.b), **compare(load_records(c.a), load_records(c.b))}
+    result = compare_runs(c.a, c.b)
     md = compare_markdown(result)
     with claimed_for(out_dir, "compare") as d:       # never into another run's directory, nor while one runs there
         write_json(d / "compare.json", result)

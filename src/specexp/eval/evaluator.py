@@ -26,7 +26,7 @@ from ..decoding.engine import DecodeConfig, Generation, drafts_per_round, genera
 from ..decoding.verify import PROTOCOLS
 from ..errors import check
 from ..report.tables import summary_markdown
-from ..targets import resolve_device
+from ..targets import resolve_device, target_settings
 from ..tracking import make_logger, run_info, write_json, write_text_atomic
 from . import metrics, shards
 from .store import ResultStore, content_digest
@@ -184,8 +184,7 @@ def run_settings(cfg, device) -> dict:
     container = OmegaConf.to_container
     drafter = container(cfg.drafter, resolve=True)
     return {
-        "target": {k: v for k, v in container(cfg.target, resolve=True).items() if k != "cache_dir"},
-        "drafter": drafter, "checkpoint_content": checkpoint_digests(drafter),
+        "target": target_settings(cfg.target), "drafter": drafter, "checkpoint_content": checkpoint_digests(drafter),
         "decoding": container(cfg.decoding, resolve=True),
         "eval": {k: cfg.eval.get(k) for k in ("max_new_tokens", "run_ar", "check_lossless", "near_tie", "save_text")}
         | capped(cfg.eval),

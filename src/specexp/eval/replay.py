@@ -41,7 +41,7 @@ from ..decoding.engine import DecodeConfig, Generation, drafts_per_round
 from ..decoding.tree import follow
 from ..errors import check
 from ..report.tables import summary_markdown
-from ..targets import resolve_device
+from ..targets import resolve_device, target_settings
 from ..tracking import run_info, write_json, write_text_atomic
 from . import metrics, shards
 from .references import ReferenceStore, compute_reference, set_fingerprint, turns_with_prompts
@@ -240,7 +240,7 @@ def run_settings(cfg, refs: ReferenceStore) -> dict:
     rp, ev = cfg.replay, cfg.eval
     return {
         "mode": "replay", "references": refs.hash,
-        "target": {k: v for k, v in OmegaConf.to_container(cfg.target, resolve=True).items() if k != "cache_dir"},
+        "target": target_settings(cfg.target),
         "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
         "max_new_tokens": ev.max_new_tokens, "near_tie": rp.near_tie, "batched": rp.batched, "save_text": ev.save_text,
         **capped(ev),

@@ -121,6 +121,10 @@ def samples_diff(recorded: dict, wanted: dict, keys: set[tuple[str, str]]) -> st
 REQUIRED = {"id": str, "benchmark": str, "turn": int, "accept_lengths": list}
 
 
+def _a(noun: str) -> str:
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+
+
 def _bad_field(rec) -> str | None:
     """Why a parsed line is not a sample record (a phrase that follows "line N: "), or None."""
     if not isinstance(rec, dict):
@@ -131,7 +135,7 @@ def _bad_field(rec) -> str | None:
     for key, kind in REQUIRED.items():
         v = rec[key]
         if not isinstance(v, kind) or isinstance(v, bool):          # bool is an int to isinstance, never a turn
-            return f"{key}={v!r} is a {type(v).__name__}; expected a {kind.__name__}"
+            return f"{key}={v!r} is {_a(type(v).__name__)}; expected {_a(kind.__name__)}"
     if rec["turn"] < 0:
         return f"turn={rec['turn']}; expected an int >= 0"
     if not all(isinstance(a, int) and not isinstance(a, bool) for a in rec["accept_lengths"]):

@@ -38,7 +38,7 @@ from .. import registry
 from ..checkpoints import replace_atomic
 from ..errors import check
 from ..eval.store import claimed_for
-from ..targets import cache_root, resolve_device
+from ..targets import cache_root, resolve_device, target_settings
 from ..tracking import write_json, write_text_atomic
 from . import data as D
 from .distributed import Placement, device_check, make_strategy, placement, whole_module
@@ -47,8 +47,7 @@ from .distributed import Placement, device_check, make_strategy, placement, whol
 # ------------------------------------------------------------------------------------------- stages
 def target_fingerprint(target_cfg, target) -> dict:
     """What determines the target's outputs: its config minus local paths, plus the weights actually loaded."""
-    t = {k: v for k, v in OmegaConf.to_container(target_cfg, resolve=True).items() if k != "cache_dir"}
-    return {**t, "resolved_source": target.source}
+    return {**target_settings(target_cfg), "resolved_source": target.source}
 
 
 def stage_dir(stages: Path, kind: str, payload: dict) -> Path:

@@ -1,0 +1,171 @@
+"""specexp from Python: the same config names and overrides as the command line, one composition and one task
+runner (tasks.py), and the same one-line errors, raised as `specexp.UserError` instead of printed.
+
+    import specexp
+    pipe = specexp.load(target="smollm2_135m", drafter="dflash")                # the committed mini drafter
+    out = pipe.generate(["What is 12 * 7?"], max_new_tokens=64)
+    out[0].text, out[0].token_ids, out[0].accept_lengths, out[0].tau
+    summary = specexp.evaluate(["benchmark=gsm8k", "eval.num_samples=4"], out_dir="runs/gsm8k")
+    specexp.compare("runs/a", "runs/b")                                        # paired τ difference with its CI
+
+Conventions: τ includes the bonus token (the mean of `accept_lengths`, tokens committed per verification);
+greedy outputs equal the target's own greedy output token for token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence, Union
+
+from .errors import UserError, check
+
+Messages = list[dict]
+Prompt = Union[str, Messages, Sequence[int]]
+
+
+def compose(overrides: Sequence[str] = ()) -> tuple[object, dict]:
+    """(config, job) of `python -m specexp OVERRIDES`: the command line's checks (one `UserError` line for an
+    unknown option or key), the same conf tree and plugins, and the group choices that validation reads."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import open_dict
+
+    from . import cli
+
+    overrides = [str(o) for o in overrides]
+    check(all(not o.startswith("-") for o in overrides),
+          f"overrides take key=value and group=option only, not command-line flags: {overrides}")
+    plugin_dirs = cli.plugin_config_dirs()
+    search = ["hydra.searchpath=[" + ",".join(f"file://{d}" for d in plugin_dirs) + "]"] if plugin_dirs else []
+    cli.precheck([*overrides, *search])
+    try:
+        with initialize_config_dir(config_dir=str(cli.CONF_DIR), version_base="1.3"):
+            cfg = hydra_compose("config", overrides=[*overrides, *search], return_hydra_config=True)
+    except HydraException as e:
+        raise UserError(cli.first_line(e)) from None
+    job = {"choices": dict(cfg.hydra.runtime.choices), "overrides": overrides, "config_name": "config"}
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, job
+
+
+@dataclass
+class Output:
+    """One generated answer: `text` (special tokens skipped), `token_ids` (the new tokens, the stop token
+    included), `accept_lengths` (tokens committed by each verification), `tau` (their mean; None without one)."""
+
+    text: str
+    token_ids: list[int]
+    accept_lengths: list[int] = field(default_factory=list)
+    stop_reason: str = "length"
+
+    @property
+    def tau(self) -> float | None:
+        return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else None
+
+
+class Pipeline:
+    """A target and a drafter built from a composed config (`load`), ready to generate."""
+
+    def __init__(self, cfg, job: dict):
+        import torch
+
+        from . import registry
+        from .config import validate
+        from .targets import resolve_device
+
+        validate(cfg, job)
+        self.cfg = cfg
+        cfg.drafter = registry.fill_default_checkpoints(cfg.drafter, cfg.target.name)
+        if cfg.get("cpu_threads") is not None:
+            torch.set_num_threads(cfg.cpu_threads)
+        self.device = resolve_device(cfg.device)
+        self.target = registry.build_target(cfg.target, self.device)
+        self.drafter = registry.build_drafter(cfg.drafter, self.target)
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """A user message (str), a chat (list of {"role", "content"}) or token ids, as the target's prompt ids."""
+        if isinstance(prompt, str):
+            return self.target.encode_chat([{"role": "user", "content": prompt}])
+        items = list(prompt)
+        if items and all(isinstance(m, dict) for m in items):
+            check(all({"role", "content"} <= set(m) for m in items),
+                  "a chat prompt is a list of {'role': ..., 'content': ...} messages")
+            return self.target.encode_chat(items)
+        check(items and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.target.vocab_size
+                            for t in items),
+              f"a prompt is a str, a list of chat messages or a non-empty list of token ids in "
+              f"[0, {self.target.vocab_size}); got {str(prompt)[:80]!r}")
+        return items
+
+    def generate(self, prompts: Prompt | Sequence[Prompt], max_new_tokens: int | None = None,
+                 decoding: str | None = None, temperature: float | None = None, seed: int | None = None
+                 ) -> list[Output]:
+        """Generate for each prompt (one prompt alone is also accepted) with the drafter, batch size 1.
+        `decoding`: greedy | A | B (default: the config's `decoding.protocol`); `temperature` for A and B;
+        `max_new_tokens`: default `eval.max_new_tokens`; `seed`: default the config's (sampling only)."""
+        import torch
+        from omegaconf import OmegaConf
+
+        from .decoding.engine import drafts_per_round, generate
+        from .eval.evaluator import check_fits, decode_config, turn_seed
+
+        single = isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                                and not isinstance(prompts[0], (str, list, tuple)))
+        batch = [prompts] if single else list(prompts)
+        protocol = decoding or self.cfg.decoding.protocol
+        temp = temperature if temperature is not None else (0.0 if protocol == "greedy" else
+                                                            self.cfg.decoding.temperature or 1.0)
+        dec = OmegaConf.merge(self.cfg.decoding, {"protocol": protocol, "temperature": temp})
+        ev = OmegaConf.merge(self.cfg.eval, {"max_new_tokens": max_new_tokens or self.cfg.eval.max_new_tokens})
+        dc = decode_config(dec, ev, self.target)
+        k = drafts_per_round(self.drafter, dc)
+        ids = [self.encode(p) for p in batch]
+        for i, x in enumerate(ids):                          # every prompt checked before any is generated
+            check_fits(self.target, f"prompts[{i}]", 0, len(x), dc, k)
+        out = []
+        for i, x in enumerate(ids):
+            g = torch.Generator(device=self.target.device)
+            g.manual_seed(turn_seed(self.cfg.seed if seed is None else seed, f"prompts[{i}]", 0))
+            gen = generate(self.target, self.drafter, x, dc, g)
+            out.append(Output(self.target.decode(gen.tokens), list(gen.tokens), list(gen.accept_lengths),
+                              gen.stop_reason))
+        return out
+
+
+def load(target: str | None = None, drafter: str | None = None, overrides: Sequence[str] = ()) -> Pipeline:
+    """A `Pipeline` for `target=TARGET drafter=DRAFTER OVERRIDES...` (names as on the command line; None keeps
+    the config's default). `drafter="none"`: the target alone (autoregressive)."""
+    groups = [f"target={target}"] * (target is not None) + [f"drafter={drafter}"] * (drafter is not None)
+    return Pipeline(*compose([*groups, *overrides]))
+
+
+def run(task: str, overrides: Sequence[str] = (), out_dir: str | Path | None = None) -> dict:
+    """`python -m specexp task=TASK OVERRIDES hydra.run.dir=OUT_DIR`, returning the task's summary (the object
+    its summary.json or TASK.json serialises). `out_dir` is required: a run writes its files there."""
+    from .tasks import run_task
+
+    check(out_dir is not None, f"task={task} writes a run directory: pass out_dir=DIR")
+    cfg, job = compose([f"task={task}", *overrides])
+    return run_task(cfg, str(out_dir), job)
+
+
+def evaluate(overrides: Sequence[str] = (), out_dir: str | Path | None = None) -> dict:
+    """`task=eval`: the drafter against AR on the benchmark; the summary (summary.json)."""
+    return run("eval", overrides, out_dir)
+
+
+def replay(overrides: Sequence[str] = (), out_dir: str | Path | None = None) -> dict:
+    """`task=replay`: τ without decoding, on cached greedy references; the summary (summary.json)."""
+    return run("replay", overrides, out_dir)
+
+
+def compare(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None) -> dict:
+    """Paired comparison of two run directories on the prompts both hold (compare.json's content); with
+    `out_dir`, also written there as `task=compare` writes it."""
+    if out_dir is not None:
+        return run("compare", [f"compare.a={run_a}", f"compare.b={run_b}"], out_dir)
+    from .eval.compare import compare_runs
+
+    return compare_runs(str(run_a), str(run_b))

@@ -1,0 +1,55 @@
+"""Run one task of a composed config into a run directory: the one path shared by the command line (`__main__`,
+through Hydra) and the Python API (api.py). Returns the task's summary (a dict for eval, replay, compare, ...)."""
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+
+def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
+    """Validate `cfg`, resolve the drafter's default checkpoints, check the run directory, seed, dispatch on
+    `cfg.task.name`; returns what the task returns. `job`: the group choices and overrides `cfg` was composed from
+    (config.hydra_choices; read from the running Hydra job when not given)."""
+    from .config import check_run_dir, check_run_layout, validate
+
+    validate(cfg, job)              # keys, types and ranges of the composed config, before any work
+    import torch
+    from omegaconf import OmegaConf
+
+    from . import registry
+    from .errors import one_of
+    from .eval.compare import run_compare
+    from .eval.evaluator import run_eval
+    from .eval.fusion_grid import run_grid
+    from .eval.merge import run_merge
+    from .eval.replay import grid_requested, run_replay
+    from .report.dashboard import run_dashboard
+    from .report.page import run_report
+    from .training.local_heads import run_prior
+    from .training.pipeline import run_regenerate, run_train
+
+    # Which checkpoints a drafter uses for a target is the drafter's knowledge (its registry entry); filled here,
+    # at the edge, so every later stage (fingerprints, training stages, cards) sees the resolved paths, and the
+    # run directory is checked against them before it is claimed.
+    cfg.drafter = registry.fill_default_checkpoints(cfg.drafter, cfg.target.name)
+    check_run_layout(OmegaConf.to_container(cfg.drafter, resolve=True), out_dir)
+    check_run_dir(out_dir)
+
+    def replay(cfg, out):                        # τ without decoding, on cached greedy references; with
+        return (run_grid if grid_requested(cfg) else run_replay)(cfg, out)   # replay.fusion_grid: the α/β grid
+
+    tasks = {"eval": run_eval, "train": run_train, "regenerate": run_regenerate, "prior": run_prior}
+    tasks["replay"] = replay
+    tasks["compare"] = run_compare               # paired comparison of two result directories
+    tasks["merge"] = run_merge                   # the shards of one run (eval.shard=I/N) -> the unsharded run's files
+    tasks["report"] = run_report                 # a static HTML page over kept result directories
+    tasks["dashboard"] = run_dashboard           # the W&B workspace and reports as code (dashboard.json)
+    one_of("task", cfg.task.name, tasks)
+    torch.manual_seed(cfg.seed)
+    if cfg.get("cpu_threads") is not None:
+        torch.set_num_threads(cfg.cpu_threads)
+    return tasks[cfg.task.name](cfg, out_dir)
+
+
+def sweeper_metric(summary) -> float | None:
+    """What a Hydra sweeper optimises: the macro τ of an eval or replay summary (None for other tasks)."""
+    return summary.get("macro", {}).get("tau") if isinstance(summary, dict) else None
