@@ -88,6 +88,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("overrides", nargs="*", help="further config overrides (e.g. drafter.checkpoint=DIR)")
     args = ap.parse_args()
+    load_before = os.getloadavg()                # before this process loads or runs anything: the machine's own load
     torch.set_num_threads(args.threads)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", [f"target={args.target}", f"drafter={args.drafter}", "device=cpu",
@@ -179,8 +180,9 @@ def main() -> None:
         rows.append({"contender": name, "seconds": total, "tokens": n_tok, "tok_per_s": n_tok / total,
                      "speed_vs_hf_greedy": g, "ci95": [lo, hi], "equals_hf_greedy": f"{same[name]}/{len(prompts)}",
                      "tau": sum(a for a, _ in tau) / sum(b for _, b in tau) if tau else None})
-    busy = max(load_start[0], load_end[0]) > 0.5
-    machine = {"cpu": cpu_info(), "threads": args.threads, "load_1min": [load_start[0], load_end[0]],
+    busy = load_before[0] > 0.5                  # the run's own threads load the machine too: judged before it began
+    machine = {"cpu": cpu_info(), "threads": args.threads, "load_1min_before": load_before[0],
+               "load_1min": [load_start[0], load_end[0]],
                "busy": busy, "torch": torch.__version__, "python": platform.python_version(),
                "transformers": __import__("transformers").__version__, "dtype": str(hf.dtype),
                "when": datetime.now(timezone.utc).isoformat(timespec="seconds")}
@@ -188,7 +190,8 @@ def main() -> None:
     lines = [f"# Engines side by side: {args.drafter} on {args.target}, {len(prompts)} {args.benchmark} prompts "
              f"(tuning split), {args.tokens} tokens, {args.threads} thread(s), {args.repeats} repeats",
              "", f"CPU {machine['cpu']['model']} ({machine['cpu']['cores']} cores; flags: {flags}); {hf.dtype}; "
-                 f"load {load_start[0]:.2f} → {load_end[0]:.2f}{' (BUSY: timings are not clean)' if busy else ''}; "
+                 f"load before the run {load_before[0]:.2f}{' (BUSY: timings are not clean)' if busy else ' (idle)'}, "
+                 f"during {load_start[0]:.2f} → {load_end[0]:.2f}; "
                  f"torch {torch.__version__}, transformers {machine['transformers']}.", "",
              "| contender | s (median of repeats) | tokens | tok/s | × HF greedy [95 % CI] | τ | = HF greedy |",
              "|---|---:|---:|---:|---|---:|---:|"]

@@ -13,7 +13,8 @@ Parts (`--list`), most valuable first (a run cut short loses the least):
                         ms/step, verify ms per 16-token block, host syncs per forward for the attention in use,
                         verify-vs-AR logit differences (what eval.near_tie must cover), DFlash draft ms (5 layers,
                         block 16), DeLS / Domino-FT propose eager vs graph + Triton, ratios to the HBM floor,
-                        peak memory; FlashAttention-2 against SDPA when flash_attn imports
+                        peak memory; FlashAttention-2 against SDPA when flash_attn imports; the same AR step and
+                        verify through target.engine=static (preallocated KV cache), its syncs and logits vs HF
   oracle_decode         end-to-end greedy decoding through the real engine (decoding/engine.py) at Qwen3-8B widths,
                         per drafter (DFlash, DeLS-RNN / Markov, Domino-FT, EAGLE-3 chain; random init), with an oracle
                         forcing n accepted drafts a round (n = 0, 3, 7, 15, up to the drafter's K): the drafter's
@@ -806,6 +807,32 @@ def part_qwen3_8b_shape(ctx) -> dict:
             "max_abs_diff_at_argmax": float((lb.gather(1, top[:, None]) - ls.gather(1, top[:, None])).abs().max()),
             "argmax_disagreements": int((top != ls.argmax(-1)).sum()), "positions": B,
             "min_top2_gap": float(top2_gap(lb).min()), "logit_std": float(lb.std())}
+
+    with step(f, checks, "static_engine"):    # target.engine=static: the same weights over a preallocated KV cache
+        from specexp.static_target import StaticTarget
+
+        st = StaticTarget.of(t)
+        sc = st.new_cache(P + 2 * B)
+        with torch.inference_mode():
+            st.forward(prompt, 0, sc, taps=taps)
+            l_st = st.forward(block, P, sc)[0][0].float()                                         # [B, V]
+            st.rollback(sc, B)
+
+        def st_ar_step():
+            st.forward(block[:, :1], P, sc)
+            st.rollback(sc, 1)
+
+        def st_verify():
+            st.forward(block, P, sc, taps=taps)
+            st.rollback(sc, B)
+
+        f["static_engine"] = {"ar_ms_per_step": time_ms(st_ar_step, dev, iters),
+                              "verify_ms_per_block": time_ms(st_verify, dev, iters),
+                              "syncs": {"ar_step": syncs_of(st_ar_step, dev), "verify": syncs_of(st_verify, dev)},
+                              "max_abs_logit_diff_vs_hf": float((l_st - lb).abs().max()),
+                              "argmax_agreement_vs_hf": float((l_st.argmax(-1) == top).float().mean())}
+        clear = top2_gap(lb) > 2 * f["static_engine"]["max_abs_logit_diff_vs_hf"]
+        checks["static_engine_matches_hf"] = bool((l_st.argmax(-1) == top)[clear].all())
 
     if cuda and impl != "sdpa":
         with step(f, checks, "sdpa"):         # FlashAttention-2 (with the lengths) against SDPA, same weights
