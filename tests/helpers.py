@@ -68,7 +68,7 @@ class ToyTarget:
     def __init__(self, table: torch.Tensor):
         self.table = table                      # [V, V]
 
-    def new_cache(self):
+    def new_cache(self, capacity=None):
         return []
 
     @staticmethod
@@ -190,8 +190,8 @@ class ScriptedTarget:
         self.t, self.script = target, list(script)
         self.device, self.vocab_size = target.device, target.vocab_size
 
-    def new_cache(self):
-        return self.t.new_cache()
+    def new_cache(self, capacity=None):
+        return self.t.new_cache(capacity)
 
     def rollback(self, cache, k):
         self.t.rollback(cache, k)

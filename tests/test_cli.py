@@ -161,6 +161,6 @@ def test_precheck_leaves_the_keys_of_a_sweep_file_to_hydra():
     from specexp.cli import precheck
 
     precheck(["-m", "--config-dir", "sweeps", "--config-name", "dedit", "drafter.edit.passes=2",
-              "drafter.edit.window=4,5"])                                    # returns: no SystemExit
-    with pytest.raises(UserError, match="unknown key 'drafter.edit'"):
+              "drafter.edit.window=4,5"])                                    # returns: nothing raised
+    with pytest.raises(UserError, match="unknown key 'drafter.edit.passes'"):
         precheck(["drafter.edit.passes=2"])                                 # the default drafter has no edit keys

@@ -3,6 +3,7 @@ import pytest
 from conftest import make_cfg
 
 from specexp.cli import groups, precheck
+from specexp.errors import UserError
 
 OPTIONS = [(g, o) for g, opts in groups().items() for o in opts]
 
@@ -24,5 +25,5 @@ def test_experiment_header_gives_its_command():
 
 def test_sweep_syntax_is_checked_per_value():
     precheck(["-m", "decoding=greedy,sample_a", "eval.max_new_tokens=8,16"])
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError, match="decoding=sample_c is not an option; choose one of: "):
         precheck(["-m", "decoding=greedy,sample_c"])
