@@ -773,13 +773,18 @@ def part_qwen3_8b_shape(ctx) -> dict:
     cache = t.new_cache()
     _, prompt_taps = t.forward(prompt, 0, cache, taps=taps)                                     # [1, P, n*H]
 
-    def ar_step():
-        t.forward(block[:, :1], P, cache)
-        t.rollback(cache, 1)
+    def steps(t, cache):
+        """(AR step, verify of the block) after the prompt, each rolled back: the timed calls of one engine."""
+        def ar_step():
+            t.forward(block[:, :1], P, cache)
+            t.rollback(cache, 1)
 
-    def verify():
-        t.forward(block, P, cache, taps=taps)
-        t.rollback(cache, B)
+        def verify():
+            t.forward(block, P, cache, taps=taps)
+            t.rollback(cache, B)
+        return ar_step, verify
+
+    ar_step, verify = steps(t, cache)
 
     with step(f, checks, "target"):
         f["context_tokens"] = P
@@ -818,14 +823,7 @@ def part_qwen3_8b_shape(ctx) -> dict:
             l_st = st.forward(block, P, sc)[0][0].float()                                         # [B, V]
             st.rollback(sc, B)
 
-        def st_ar_step():
-            st.forward(block[:, :1], P, sc)
-            st.rollback(sc, 1)
-
-        def st_verify():
-            st.forward(block, P, sc, taps=taps)
-            st.rollback(sc, B)
-
+        st_ar_step, st_verify = steps(st, sc)
         f["static_engine"] = {"ar_ms_per_step": time_ms(st_ar_step, dev, iters),
                               "verify_ms_per_block": time_ms(st_verify, dev, iters),
                               "syncs": {"ar_step": syncs_of(st_ar_step, dev), "verify": syncs_of(st_verify, dev)},
