@@ -8,7 +8,7 @@ import torch
 from helpers import chi2_pvalue, exact_sequence_probs, micro_target
 from specexp.decoding import engine as E
 from specexp.decoding.engine import DecodeConfig, generate
-from specexp.decoding.tree import layout, verify_tree
+from specexp.decoding.tree import TreeVerdict, layout, verify_tree
 from specexp.drafters.base import Proposal
 
 PROMPTS = ["What is 2+3?", "Write a haiku about rivers."]
@@ -102,12 +102,12 @@ def test_walk_on_hand_made_logits():
     logits = torch.full((5, 6), -5.0)
     drafts, parents = torch.tensor([3, 4, 1, 2]), torch.tensor([-1, -1, 1, 1])   # rows: anchor, 3, 4, 1, 2
     logits[0, 4] = logits[2, 2] = logits[4, 5] = 5.0               # anchor -> 4 -> 2 -> bonus 5
-    path, bonus = verify_tree("greedy", logits, drafts, parents, 0.0, None)
-    assert path.tolist() == [1, 3] and bonus == 5
+    v = verify_tree("greedy", logits, drafts, parents, 0.0, None)
+    assert v.path.tolist() == [1, 3] and v.tokens == [4, 2, 5] and v.anchor.tolist() == [5]
     logits[0] = -5.0
     logits[0, 0] = 5.0                                             # no child carries 0: nothing accepted
-    path, bonus = verify_tree("greedy", logits, drafts, parents, 0.0, None)
-    assert path.tolist() == [] and bonus == 0
+    v = verify_tree("greedy", logits, drafts, parents.tolist(), 0.0, None)      # the layout's host parents
+    assert v.path.tolist() == [] and v.tokens == [0] and v.anchor.tolist() == [0]
 
 
 @pytest.mark.parametrize("kind", SHAPES)
@@ -178,7 +178,7 @@ def test_committed_taps_and_compacted_cache_equal_a_full_recompute(tiny_target):
     toks, par = torch.tensor([ref.tokens[1], 7, ref.tokens[2], 9, 11]), torch.tensor([-1, -1, 0, 0, 2])
     lay = layout(par, 5)
     logits, _ = t.forward(torch.cat([torch.tensor([anchor]), toks])[None], len(ids), cache, tree=lay)
-    path, bonus = verify_tree("greedy", logits[0], toks, par, 0.0, None)
+    path = verify_tree("greedy", logits[0], toks, par, 0.0, None).path
     assert path.tolist()[:2] == [0, 2]                             # the planted truth is accepted
     t.keep(cache, len(ids), torch.cat([torch.zeros(1, dtype=torch.long), path + 1]))
     fresh = t.new_cache()
@@ -231,7 +231,8 @@ def test_a_broken_tree_walk_is_detected(monkeypatch):
 
     def first_child(protocol, logits, drafts, parents, temperature, generator):
         p = torch.softmax(logits[1].float() / temperature, -1)
-        return torch.tensor([0]), int(torch.multinomial(p, 1, generator=generator))
+        bonus = torch.multinomial(p, 1, generator=generator)
+        return TreeVerdict([int(drafts[0]), int(bonus)], bonus, torch.tensor([0]))
 
     monkeypatch.setattr(E, "verify_tree", first_child)
     pvalue, _, _ = sample_protocol_a()

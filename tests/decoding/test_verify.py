@@ -65,7 +65,8 @@ def test_a_broken_rule_is_detected(monkeypatch):
 
     def accept_all(logits, drafts, q, temperature, generator):
         p = torch.softmax(logits.float() / temperature, dim=-1)
-        return drafts.numel(), int(torch.multinomial(p[drafts.numel()], 1, generator=generator))
+        bonus = torch.multinomial(p[drafts.numel()], 1, generator=generator)
+        return V.Verdict(drafts.tolist() + [int(bonus)], bonus)
 
     monkeypatch.setattr(V, "protocol_b", accept_all)
     pvalue, _ = sample_sequences("B")
@@ -74,15 +75,20 @@ def test_a_broken_rule_is_detected(monkeypatch):
 
 def test_rules_on_hand_made_logits():
     logits = torch.tensor([[0.0, 5.0, 0.0], [0.0, 0.0, 5.0], [5.0, 0.0, 0.0]])   # argmax 1, 2, 0
-    assert V.greedy(logits, torch.tensor([1, 2])) == (2, 0)
-    assert V.greedy(logits, torch.tensor([1, 0])) == (1, 2)
-    assert V.greedy(logits, torch.tensor([2, 2])) == (0, 1)
-    assert V.greedy(logits[:1], torch.tensor([], dtype=torch.long)) == (0, 1)
+    def greedy(drafts):
+        v = V.greedy(logits[: len(drafts) + 1], torch.tensor(drafts, dtype=torch.long))
+        assert v.anchor.tolist() == [v.bonus]                      # the bonus stays on the device too
+        return v.n, v.tokens
+
+    assert greedy([1, 2]) == (2, [1, 2, 0])
+    assert greedy([1, 0]) == (1, [1, 2])
+    assert greedy([2, 2]) == (0, [1])
+    assert greedy([]) == (0, [1])
     # Protocol B with q == p accepts every draft (ratio 1); with q putting all mass where p has none, none.
     g = torch.Generator().manual_seed(0)
     p = torch.softmax(logits, -1)
-    assert V.protocol_b(logits, torch.tensor([1, 2]), p[:2], 1.0, g)[0] == 2
+    assert V.protocol_b(logits, torch.tensor([1, 2]), p[:2], 1.0, g).n == 2
     q_bad = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
     logits_zero = torch.tensor([[0.0, 0.0, -1e9], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
-    n, bonus = V.protocol_b(logits_zero, torch.tensor([2, 0]), q_bad, 1.0, g)
-    assert n == 0 and bonus in (0, 1)                  # residual max(0, p - q) excludes the rejected token
+    v = V.protocol_b(logits_zero, torch.tensor([2, 0]), q_bad, 1.0, g)
+    assert v.n == 0 and v.bonus in (0, 1) and v.anchor.tolist() == [v.bonus]  # the residual excludes the rejected token

@@ -71,9 +71,9 @@ def generate(target, drafter: Drafter | None, prompt_ids: list[int], dc: DecodeC
     cache = target.new_cache(len(prompt_ids) + dc.max_new_tokens + k_max + 1)      # a tree may grow it
     ids = torch.tensor([prompt_ids], device=dev)                                     # [1, P]
     logits, hidden = target.forward(ids, 0, cache, taps=taps, last_only=True)        # [1, 1, V], [1, P, nH]
-    _, anchor = verify(dc.protocol, logits[0], no_drafts.tokens, None, dc.temperature, generator)
+    v = verify(dc.protocol, logits[0], no_drafts.tokens, None, dc.temperature, generator)
     gen.ttft_s = now(dev) - t0
-    gen.tokens.append(anchor)
+    gen.tokens.append(v.bonus)
     if drafter is not None:
         drafter.reset()
         if getattr(drafter, "needs_prompt_ids", False):   # EAGLE-3 pairs each prompt position with the next token
@@ -83,27 +83,26 @@ def generate(target, drafter: Drafter | None, prompt_ids: list[int], dc: DecodeC
 
     start = len(prompt_ids)                              # position of the anchor
     t0 = now(dev)
-    done = anchor in stops
+    done = v.bonus in stops
     while not done and len(gen.tokens) < dc.max_new_tokens:
         # Never draft past the budget: k drafts + 1 bonus must fit.
         k = min(k_max, dc.max_new_tokens - len(gen.tokens) - 1)
-        prop = drafter.propose(anchor, start, k, sampling) if k > 0 else no_drafts
-        block = torch.cat([torch.tensor([anchor], device=dev), prop.tokens])[None]   # [1, N+1]
+        prop = drafter.propose(v.bonus, start, k, sampling) if k > 0 else no_drafts
+        block = torch.cat([v.anchor, prop.tokens])[None]                             # [1, N+1] no copy to host
         tree = layout(prop.parents, k) if prop.parents is not None else None      # k bounds a tree's depth
         where = {"tree": tree} if tree is not None else {}     # a chain needs no tree-aware target
         logits, hidden = target.forward(block, start, cache, taps=taps, **where)     # [1, N+1, V]
         if tree is None:                                 # a chain: keep anchor + n accepted drafts
-            n, bonus = verify(dc.protocol, logits[0], prop.tokens, prop.q, dc.temperature, generator)
-            target.rollback(cache, k - n)
-            rows, path = slice(0, n + 1), {}
-            new = prop.tokens[:n].tolist() + [bonus]
+            v = verify(dc.protocol, logits[0], prop.tokens, prop.q, dc.temperature, generator)
+            target.rollback(cache, k - v.n)
+            rows, path = slice(0, v.n + 1), {}
         else:                                            # a tree: keep anchor + the accepted path (compaction)
-            idx, bonus = verify_tree(dc.protocol, logits[0], prop.tokens, prop.parents, dc.temperature, generator)
-            n, rows, path = idx.numel(), torch.cat([idx.new_zeros(1), idx + 1]), {"path": idx}
+            v = verify_tree(dc.protocol, logits[0], prop.tokens, tree.parents, dc.temperature, generator)
+            rows, path = torch.cat([v.path.new_zeros(1), v.path + 1]), {"path": v.path}
             target.keep(cache, start, rows)
-            new = prop.tokens[idx].tolist() + [bonus]
         if drafter is not None:
-            drafter.commit(n, hidden[:, rows] if hidden is not None else None, **path)
+            drafter.commit(v.n, hidden[:, rows] if hidden is not None else None, **path)
+        new = v.tokens
         for i, t in enumerate(new):                      # truncate at the first stop token
             if t in stops:
                 new, done = new[: i + 1], True
@@ -112,8 +111,8 @@ def generate(target, drafter: Drafter | None, prompt_ids: list[int], dc: DecodeC
         gen.accept_lengths.append(len(new))
         gen.drafted.append(k if tree is None else prop.tokens.numel())
         if prop.info is not None:
-            gen.rounds.append({**prop.info, "tokens": prop.tokens, "accepted": n, "bonus": bonus, **path})
-        anchor, start = bonus, start + n + 1
+            gen.rounds.append({**prop.info, "tokens": prop.tokens, "accepted": v.n, "bonus": v.bonus, **path})
+        start += v.n + 1
     gen.decode_s = now(dev) - t0
     gen.stop_reason = "stop" if gen.tokens[-1] in stops else "length"
     return gen

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .verify import Verdict
+
 TREE_PROTOCOLS = ("greedy", "A")
 
 
@@ -30,6 +32,7 @@ TREE_PROTOCOLS = ("greedy", "A")
 class TreeLayout:
     depth: torch.Tensor      # [N+1] long: block row j's depth below the anchor (the anchor: 0)
     visible: torch.Tensor    # [N+1, N+1] bool: row j may attend to block row i (i is j or one of its ancestors)
+    parents: list[int]       # [N] the parents, read once on the host (verification reuses them)
 
 
 def check_parents(parents: list[int]) -> None:
@@ -40,8 +43,9 @@ def check_parents(parents: list[int]) -> None:
 
 
 def layout(parents: torch.Tensor, max_depth: int) -> TreeLayout:
-    """Depths and the ancestor-or-self mask of the block `[anchor, drafts]` (built on the host: N is tens). A tree
-    deeper than `max_depth` (the engine's k: what the token budget allows) is refused: its path could overrun it."""
+    """Depths and the ancestor-or-self mask of the block `[anchor, drafts]` (built on the host: N is tens; the
+    parents are a tree round's one read besides its verdict). A tree deeper than `max_depth` (the engine's k: what the
+    token budget allows) is refused: its path could overrun it."""
     par = parents.tolist()
     check_parents(par)
     n = len(par) + 1
@@ -56,7 +60,7 @@ def layout(parents: torch.Tensor, max_depth: int) -> TreeLayout:
         raise ValueError(f"a draft tree of depth {max(depth)} was proposed where at most {max_depth} drafts fit "
                          f"(the drafter must keep its tree within the k it is given)")
     dev = parents.device
-    return TreeLayout(torch.tensor(depth, device=dev), torch.tensor(visible, device=dev))
+    return TreeLayout(to_device(depth, dev), to_device(visible, dev, torch.bool), par)
 
 
 def check_protocol(protocol: str) -> None:
@@ -66,12 +70,12 @@ def check_protocol(protocol: str) -> None:
                          f"chain drafter (drafter.mode=chain)")
 
 
-def walk(drafts: torch.Tensor, parents: torch.Tensor, pick) -> tuple[list[int], int]:
+def walk(drafts: list[int], parents: list[int], pick) -> tuple[list[int], int]:
     """Follow the tree from the anchor: `pick(row, depth)` is the token chosen after block row `row` (`depth` drafts
     deep); the walk moves to the child carrying it (the first such sibling) and stops where none does. Returns the
     accepted drafts' indices, root to leaf, and the last choice (the bonus token)."""
     children: dict[int, dict[int, int]] = {}                 # node -> {token: child}
-    for i, (t, p) in enumerate(zip(drafts.tolist(), parents.tolist())):
+    for i, (t, p) in enumerate(zip(drafts, parents)):
         children.setdefault(p, {}).setdefault(t, i)
     path, node = [], -1
     while True:
@@ -83,25 +87,49 @@ def walk(drafts: torch.Tensor, parents: torch.Tensor, pick) -> tuple[list[int], 
         node = nxt
 
 
-def verify_tree(protocol: str, logits: torch.Tensor, drafts: torch.Tensor, parents: torch.Tensor,
-                temperature: float, generator: torch.Generator | None) -> tuple[torch.Tensor, int]:
-    """Verify a tree: `logits [N+1, V]` of the block `[anchor, drafts]`, `drafts [N]`, `parents [N]`. Returns
-    `(path, bonus)`: `path [n]` the indices of the accepted drafts, root to leaf, then the bonus token."""
+@dataclass
+class TreeVerdict(Verdict):
+    """A verified tree: `path [n]` (on the device) the accepted drafts' indices, root to leaf; `tokens` and
+    `anchor` as for a chain (decoding/verify.py)."""
+
+    path: torch.Tensor | None = None
+
+
+def to_device(values: list, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A short host list on the device; on CUDA through pinned memory without blocking (the host does not wait for
+    the queued work, as a plain copy from pageable memory would)."""
+    t = torch.tensor(values, dtype=dtype)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+
+
+def verify_tree(protocol: str, logits: torch.Tensor, drafts: torch.Tensor, parents: torch.Tensor | list[int],
+                temperature: float, generator: torch.Generator | None) -> TreeVerdict:
+    """Verify a tree: `logits [N+1, V]` of the block `[anchor, drafts]`, `drafts [N]`, `parents [N]` (the layout's
+    host list, or a tensor). Returns the accepted path, the committed tokens (path tokens, then the bonus) and the
+    bonus on the device."""
     check_protocol(protocol)
+    pars = parents if isinstance(parents, list) else parents.tolist()
     if protocol == "greedy":
-        choice = logits.argmax(-1).tolist()                  # [N+1] once: one device-to-host copy
+        choice = logits.argmax(-1)                                                  # [N+1]
+        host = torch.cat([choice, drafts]).tolist()                                 # the verdict's one sync
+        toks = host[choice.numel():]
 
         def pick(row: int, depth: int) -> int:
-            return choice[row]
+            return host[row]
     else:
+        toks, rows = drafts.tolist(), {}
+
         def pick(row: int, depth: int) -> int:               # one target sample at each visited node only
             p = torch.softmax(logits[row].float() / temperature, dim=-1)
-            return int(torch.multinomial(p, 1, generator=generator))
-    path, bonus = walk(drafts, parents, pick)
-    return torch.tensor(path, dtype=torch.long, device=drafts.device), bonus
+            rows[row] = torch.multinomial(p, 1, generator=generator)                 # [1]
+            return int(rows[row])
+    path, bonus = walk(toks, pars, pick)
+    last = path[-1] + 1 if path else 0                                              # the bonus's block row
+    anchor = choice[last: last + 1] if protocol == "greedy" else rows[last]
+    return TreeVerdict([toks[i] for i in path] + [bonus], anchor, to_device(path, drafts.device))
 
 
 def follow(drafts: torch.Tensor, parents: torch.Tensor, truth: list[int]) -> list[int]:
     """The path greedy verification accepts when the target's choices are known (`truth`: the reference tokens
     after the anchor; replay): as deep as the tree matches them."""
-    return walk(drafts, parents, lambda row, depth: truth[depth] if depth < len(truth) else -2)[0]
+    return walk(drafts.tolist(), parents.tolist(), lambda row, depth: truth[depth] if depth < len(truth) else -2)[0]

@@ -1,8 +1,8 @@
 """Verification rules: which drafted tokens the target accepts, and the bonus token after them.
 
 Every rule takes the target's logits at the verified block `[anchor, d1..dK]` (row j predicts the token
-after block position j, so row j is compared with draft d_{j+1}) and returns `(n_accepted, bonus)`:
-`drafts[:n_accepted]` are committed, then `bonus`. With K = 0 drafts every rule is one plain decoding step
+after block position j, so row j is compared with draft d_{j+1}) and returns a `Verdict`: the first n drafts
+are committed, then the bonus token. With K = 0 drafts every rule is one plain decoding step
 of the target, which is how the autoregressive baseline runs through the same engine.
 
 All rules are lossless: every committed token is distributed exactly as the target's own next token.
@@ -16,56 +16,78 @@ All rules are lossless: every committed token is distributed exactly as the targ
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 PROTOCOLS = ("greedy", "A", "B")
 
 
-def _leading(ok: torch.Tensor) -> int:
-    """Length of the all-True prefix of a bool vector."""
-    return int(ok.to(torch.int32).cumprod(0).sum()) if ok.numel() else 0
+@dataclass
+class Verdict:
+    """What one verification commits: `tokens` = the accepted drafts, then the bonus token (host ints), and
+    `anchor` `[1]` = the bonus on the target's device, the next block's first token (kept there, so the engine
+    never copies a token back to the device)."""
+
+    tokens: list[int]
+    anchor: torch.Tensor
+
+    @property
+    def n(self) -> int:
+        """Drafts accepted."""
+        return len(self.tokens) - 1
+
+    @property
+    def bonus(self) -> int:
+        return self.tokens[-1]
 
 
 def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits.float() / temperature, dim=-1)
 
 
-def greedy(logits: torch.Tensor, drafts: torch.Tensor) -> tuple[int, int]:
-    y = logits.argmax(-1)                                   # [K+1]
-    n = _leading(drafts == y[:-1])
-    return n, int(y[n])
+def match(drafts: torch.Tensor, y: torch.Tensor) -> Verdict:
+    """Accept drafts while they equal the target's choices `y [K+1]` (one per block row); the bonus is y[n]. The
+    round's one device-to-host copy: the accepted count and the choices travel together."""
+    n = (drafts == y[:-1]).long().cumprod(0).sum(0, keepdim=True)                   # [1] leading matches
+    host = torch.cat([n, y]).tolist()                                               # [1 + K+1] one sync
+    n = host[0]
+    return Verdict(host[1: n + 2], y[n: n + 1])                  # y[:n] equals the accepted drafts
 
 
-def protocol_a(logits, drafts, temperature: float, generator: torch.Generator) -> tuple[int, int]:
-    p = _probs(logits, temperature)                         # [K+1, V]
-    y = torch.multinomial(p, 1, generator=generator)[:, 0]  # [K+1] one target sample per position
-    n = _leading(drafts == y[:-1])
-    return n, int(y[n])
+def greedy(logits: torch.Tensor, drafts: torch.Tensor) -> Verdict:
+    return match(drafts, logits.argmax(-1))                                         # [K+1]
 
 
-def protocol_b(logits, drafts, q, temperature: float, generator: torch.Generator) -> tuple[int, int]:
-    """`q`: `[K, V]`, or a LazyDist (drafted tokens' probabilities + rows on demand)."""
-    p = _probs(logits, temperature)                         # [K+1, V]
+def protocol_a(logits, drafts, temperature: float, generator: torch.Generator) -> Verdict:
+    p = _probs(logits, temperature)                                                 # [K+1, V]
+    return match(drafts, torch.multinomial(p, 1, generator=generator)[:, 0])         # one sample per position
+
+
+def protocol_b(logits, drafts, q, temperature: float, generator: torch.Generator) -> Verdict:
+    """`q`: `[K, V]`, or a LazyDist (drafted tokens' probabilities + rows on demand). Its branches read the accepted
+    count on the host: a few syncs a round (greedy and protocol A have one)."""
+    p = _probs(logits, temperature)                                                 # [K+1, V]
     k = drafts.numel()
+    n = 0
     if k:
         rows = torch.arange(k, device=p.device)
         q_tok = q[rows, drafts] if isinstance(q, torch.Tensor) else q.token_probs
-        ratio = p[rows, drafts] / q_tok.float().clamp_min(1e-8)                 # [K]
+        ratio = p[rows, drafts] / q_tok.float().clamp_min(1e-8)                     # [K]
         u = torch.rand(k, generator=generator, device=p.device)
-        n = _leading(u < ratio)
-    else:
-        n = 0
+        n = int((u < ratio).long().cumprod(0).sum())
     if n < k:
         q_n = q[n] if isinstance(q, torch.Tensor) else q.row(n)
-        residual = (p[n] - q_n.float()).clamp_min(0)        # [V]
+        residual = (p[n] - q_n.float()).clamp_min(0)                                # [V]
         dist = residual if residual.sum() > 1e-8 else p[n]
     else:
         dist = p[k]
-    return n, int(torch.multinomial(dist, 1, generator=generator))
+    bonus = torch.multinomial(dist, 1, generator=generator)                         # [1]
+    return Verdict(drafts[:n].tolist() + [int(bonus)], bonus)
 
 
 def verify(protocol: str, logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None,
-           temperature: float, generator: torch.Generator | None) -> tuple[int, int]:
+           temperature: float, generator: torch.Generator | None) -> Verdict:
     """Dispatch on `decoding.protocol`. `logits [K+1, V]`, `drafts [K]`, `q [K, V]` or LazyDist (protocol B only)."""
     if protocol == "greedy":
         return greedy(logits, drafts)

@@ -178,7 +178,7 @@ class DominoDrafter(SequentialDrafter):
         r0 = self.config.first_row
         rows = hidden[0, r0: r0 + k]                                                       # [k, H]
         return {"long": self.backbone.lm_head(rows), "hidden": rows,                       # [k, V], [k, H]
-                "anchor": torch.tensor(anchor, device=rows.device)}
+                "anchor": torch.full((), anchor, device=rows.device)}                      # a fill, not a copy
 
     def begin(self, x, first):
         return self._gru(first, self._gru(x["anchor"], None))                              # after [a, d1]

@@ -374,7 +374,7 @@ class Eagle3Drafter:
         self.kv: tuple[torch.Tensor, torch.Tensor] | None = None            # [1, Hkv, C, D] each
         self.pos = 0                                                        # next draft position to compute
         self.pending: torch.Tensor | None = None                            # [1, m, 3*Ht] taps of pos .. pos+m-1
-        self.pending_ids: list[int] = []                                    # tokens at pos+1 .. pos+m-1
+        self.pending_ids: torch.Tensor | list[int] = []                     # tokens at pos+1 .. pos+m-1
         self.proposed: torch.Tensor | None = None                           # [N] the last proposal's tokens
         self.stale = False                                                  # a commit came without its propose
 
@@ -396,7 +396,7 @@ class Eagle3Drafter:
             return
         idx = path if path is not None else torch.arange(n_accepted, device=self.proposed.device)
         assert taps.shape[1] == n_accepted + 1 == len(idx) + 1
-        self.pending, self.pending_ids = taps, self.proposed[idx].tolist()
+        self.pending, self.pending_ids = taps, self.proposed[idx]          # stays on the device: no sync
         self.proposed = None
 
     @torch.inference_mode()
@@ -406,7 +406,8 @@ class Eagle3Drafter:
         m = self.pending.shape[1]
         assert self.pos + m == start, "the pending taps must end just before the anchor"
         dev = self.model.fc.weight.device
-        ids = torch.tensor(self.pending_ids + [anchor], device=dev)[None]                   # [1, m]
+        before = torch.as_tensor(self.pending_ids, dtype=torch.long, device=dev)         # prompt: a host list
+        ids = torch.cat([before, torch.full((1,), anchor, device=dev)])[None]               # [1, m]
         h = self.model.features(self.pending.to(self.model.fc.weight.dtype))                # [1, m, H]
         c = 0 if self.kv is None else self.kv[0].shape[2]
         mask = torch.ones(m, c + m, dtype=torch.bool, device=dev)
@@ -438,7 +439,7 @@ class Eagle3Drafter:
                 qs.append(p.q[0])
             toks.append(tok)
             if j + 1 < k:                              # the next step: (own output, this draft) at start + j
-                pos = torch.tensor([start + j], device=dev)
+                pos = torch.full((1,), start + j, device=dev)                               # a fill, not a copy
                 h, (kn, vn) = m(h, self.embed(tok[None]), pos, kv)                          # [1, 1, H]
                 kv = (torch.cat([kv[0], kn], 2), torch.cat([kv[1], vn], 2))
         return Proposal(torch.cat(toks), torch.stack(qs) if qs else None)
