@@ -34,20 +34,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch  # noqa: E402
 
-FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-
-
-def cpu_info() -> dict:
-    model, flags = platform.processor() or "?", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model in ("?", ""):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags |= set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return {"model": model, "flags": {f: f in flags for f in FLAGS}, "cores": os.cpu_count()}
+from specexp.machine import FLAGS, cpu_info  # noqa: E402
 
 
 def median_ms(f, reps: int) -> float:

@@ -10,6 +10,9 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("SPECEXP_CACHE", str(ROOT / ".cache" / "specexp"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# target.dtype=auto follows the CPU (bf16 where it is native): pinned to fp32 here, so that the goldens and the
+# token-for-token tests mean the same on every machine (bf16 is tested by asking for it).
+os.environ["SPECEXP_CPU_BF16"] = "0"
 # Under pytest-xdist (`-n auto`, what CI runs) each worker, and every CLI process it starts, keeps to its share of
 # the cores: two workers of two threads each on two cores spin against each other and run slower than one.
 # SPECEXP_TEST_THREADS overrides it (e.g. 1, beside a long job that holds the other core).

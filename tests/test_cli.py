@@ -40,6 +40,8 @@ def test_issue_command_writes_the_contract(tmp_path):
     assert len(g["accept_rate_per_position"]) == 15 and len(g["tau_histogram"]) == 16
     assert 1.0 <= g["tau"] <= 16 and g["speedup"] > 0 and set(s["macro"]) == {"tau", "tau_ci95", "speedup"}
     assert s["mode"] == "online" and g["tau_ci95"][0] <= g["tau"] <= g["tau_ci95"][1]
+    assert s["target_dtype"] == "float32" and s["machine"]["device"] == "cpu" and s["machine"]["cpu"]
+    assert f"Target in float32 on {s['machine']['cpu']}" in (d / "summary.md").read_text()
     recs = [json.loads(x) for x in (d / "samples.jsonl").read_text().splitlines()]
     assert len(recs) == 3 and all(r["lossless"] for r in recs)
     keys = {"id", "benchmark", "new_tokens", "accept_lengths", "tpot", "ar_tpot", "text_sha256", "lossless"}

@@ -29,6 +29,7 @@ import torch
 
 from . import pins
 from .errors import UserError, check, one_of
+from .machine import native_bf16
 
 QWEN3_MASK_TOKEN, QWEN3_MASK_ID = "<|MASK|>", 151669
 # Qwen2/Qwen3 special tokens in id order from 151643 (after the 151643 BPE tokens).
@@ -212,13 +213,16 @@ class Target:
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")            # what `device=` accepts
 
 
-def target_settings(target_cfg) -> dict:
+def target_settings(target_cfg, device: torch.device) -> dict:
     """The `target` group as the settings of a run, a training stage or a reference: without its cache directory,
-    and `engine` only when it is not the default `hf` (the static engine computes the same logits on the CPU, and
-    runs and stages made before the key existed keep their digests)."""
+    `engine` only when it is not the default `hf` (the static engine computes the same logits on the CPU, and runs
+    and stages made before the key existed keep their digests), and `dtype=auto` as what it resolves to on `device`
+    (the same run on another machine may compute in another precision)."""
     from omegaconf import OmegaConf
 
     t = OmegaConf.to_container(target_cfg, resolve=True)
+    if t.get("dtype") == "auto":
+        t["dtype"] = str(resolve_dtype("auto", device)).removeprefix("torch.")
     return {k: v for k, v in t.items() if k != "cache_dir" and not (k == "engine" and v == "hf")}
 
 
@@ -236,8 +240,10 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """`target.dtype`; `auto` = bf16 on CUDA and on a CPU with native bf16 (machine.py: AVX512-BF16 or AMX), fp32
+    on any other CPU (bf16 there is emulated through fp32: slower, and less exact)."""
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if device.type == "cuda" or native_bf16() else torch.float32
     check(dtype in DTYPES, f"target.dtype={dtype!r} is not valid; choose one of: auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from .errors import one_of
+from .machine import cpu_info, describe
 
 PACKAGES = ("specexp", "torch", "transformers", "tokenizers", "hydra-core", "omegaconf", "lightning", "triton",
             "wandb", "datasets", "safetensors")
@@ -46,10 +47,10 @@ def run_info(device: torch.device) -> dict:
             versions[p] = metadata.version(p)
         except metadata.PackageNotFoundError:
             versions[p] = None
-    dev = {"type": device.type, "name": torch.cuda.get_device_name(device) if device.type == "cuda"
-           else platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads()}
+    m = describe(device)
+    dev = {"type": device.type, "name": m.get("gpu", m["cpu"]), "torch_threads": m["torch_threads"]}
     return {"git": git_sha(), "python": sys.version.split()[0], "platform": platform.platform(),
-            "versions": versions, "device": dev}
+            "versions": versions, "device": dev, "cpu": cpu_info()}
 
 
 class NoLogger:

@@ -1,5 +1,6 @@
 """Metric formulas on hand-made records (values computed by hand in the comments)."""
 import pytest
+import torch
 
 from specexp.eval import metrics as M
 
@@ -102,3 +103,12 @@ def test_paired_comparison_delta_ci_and_win_shares():
     assert macro["delta"] == pytest.approx(0.5)
     same, _ = M.paired_comparison(b, b)
     assert same["b"]["delta"] == 0 and same["b"]["delta_ci95"] == [0.0, 0.0] and same["b"]["ties"] == 1.0
+
+
+def test_the_near_tie_tolerance_is_the_floor_or_two_ulps_of_the_dtype():
+    top20 = torch.tensor([20.0, 19.9, -3.0])
+    assert M.tie_tolerance(top20, torch.float32, 0.01) == 0.01               # fp32 steps at 20: 2e-6
+    assert M.tie_tolerance(top20, torch.bfloat16, 0.01) == 0.25              # bf16 steps at 16..32: 0.125
+    assert M.tie_tolerance(top20, torch.bfloat16, 0.5) == 0.5
+    assert M.tie_tolerance(torch.tensor([0.7, -0.2]), torch.bfloat16, 0.01) == 0.01   # 2 ulps at 0.7: 0.0039
+    assert M.tie_tolerance(torch.tensor([-40.0, 1.0]), torch.float16, 0.0) == 2 * 2.0 ** -10 * 32

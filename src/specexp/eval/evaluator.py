@@ -25,6 +25,7 @@ from .. import benchmarks, registry
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round, generate
 from ..decoding.verify import PROTOCOLS
 from ..errors import check
+from ..machine import describe
 from ..report.tables import summary_markdown
 from ..targets import resolve_device, target_settings
 from ..tracking import make_logger, run_info, write_json, write_text_atomic
@@ -111,7 +112,8 @@ def run_sample(target, drafter, sample, dc: DecodeConfig, ev, seed: int, round_m
 def mismatch(target, prompt: list[int], spec: list[int], ar: list[int], near_tie: float) -> dict:
     """Where a greedy output first leaves AR's (`mismatch_at`), the target's logit gap there (`mismatch_gap`,
     metrics.tie_gap: the top-2 gap when the two tokens are the two best, as replay measures near-ties) from one
-    teacher-forced pass over the prompt and the common prefix, and whether that is a near-tie (gap < near_tie): in
+    teacher-forced pass over the prompt and the common prefix, and whether that is a near-tie (a gap below
+    metrics.tie_tolerance: `near_tie`, or 2 ulps of the target's dtype if more): in
     bf16 a 16-token verify block and a 1-token AR step round differently, so they may break such a tie
     differently without any drafter error. An output that is a prefix of the other is no tie."""
     i = next((j for j, (a, b) in enumerate(zip(spec, ar)) if a != b), min(len(spec), len(ar)))
@@ -120,7 +122,8 @@ def mismatch(target, prompt: list[int], spec: list[int], ar: list[int], near_tie
     ids = torch.tensor([prompt + ar[:i]], device=target.device)                        # [1, P + i]
     logits, _ = target.forward(ids, 0, target.new_cache(), last_only=True)              # [1, 1, V]
     gap = metrics.tie_gap(logits[0, -1], (spec[i], ar[i]))
-    return {"mismatch_at": i, "mismatch_gap": gap, "lossless_near_tie": gap < near_tie}
+    tol = metrics.tie_tolerance(logits[0, -1], target.dtype, near_tie)
+    return {"mismatch_at": i, "mismatch_gap": gap, "mismatch_tolerance": tol, "lossless_near_tie": gap < tol}
 
 
 def warmup(target, drafter, dc: DecodeConfig, n: int) -> None:
@@ -142,11 +145,13 @@ def summarize(records: list[dict], names: list[str], target, drafter, dc: Decode
         "target": target.name, "drafter": drafter.name if drafter is not None else "none", "mode": mode,
         "decoding": {"temperature": dc.temperature, "protocol": dc.protocol},
         "max_new_tokens": dc.max_new_tokens, "num_draft_tokens": drafts_per_round(drafter, dc),
+        "target_dtype": str(target.dtype).removeprefix("torch."), "machine": describe(target.device),
     }
     return summarize_records(records, names, header, round_metrics)
 
 
 SUMMARY_HEADER = ("target", "drafter", "mode", "decoding", "max_new_tokens", "num_draft_tokens")
+MACHINE_HEADER = ("target_dtype", "machine")    # where it ran; absent from summaries made before they were recorded
 
 
 def summarize_records(records: list[dict], names: list[str], header: dict, round_metrics=None) -> dict:
@@ -168,7 +173,8 @@ def summarize_records(records: list[dict], names: list[str], header: dict, round
             b.update(metrics.near_tie_summary(by_bench[n]))
     if mode == "replay":
         macro.pop("speedup", None)
-    return {**{key: header[key] for key in SUMMARY_HEADER}, "benchmarks": benches, "macro": macro}
+    head = {key: header[key] for key in (*SUMMARY_HEADER, *MACHINE_HEADER) if key in header}
+    return {**head, "benchmarks": benches, "macro": macro}
 
 
 def capped(ev) -> dict:
@@ -184,7 +190,8 @@ def run_settings(cfg, device) -> dict:
     container = OmegaConf.to_container
     drafter = container(cfg.drafter, resolve=True)
     return {
-        "target": target_settings(cfg.target), "drafter": drafter, "checkpoint_content": checkpoint_digests(drafter),
+        "target": target_settings(cfg.target, device), "drafter": drafter,
+        "checkpoint_content": checkpoint_digests(drafter),
         "decoding": container(cfg.decoding, resolve=True),
         "eval": {k: cfg.eval.get(k) for k in ("max_new_tokens", "run_ar", "check_lossless", "near_tie", "save_text")}
         | capped(cfg.eval),

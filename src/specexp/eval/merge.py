@@ -215,6 +215,12 @@ def run_merge(cfg, out_dir) -> dict:
         _claim(out, run, text)
         first = runs[0]
         header = {k: first.summary[k] for k in SUMMARY_HEADER}
+        if all("target_dtype" in r.summary for r in runs):         # one dtype: run.json's settings are the same
+            header["target_dtype"] = first.summary["target_dtype"]
+        machines = [r.summary["machine"] for r in runs if "machine" in r.summary]
+        if machines:                                                # shards may have run on different machines
+            distinct = [m for i, m in enumerate(machines) if m not in machines[:i]]
+            header["machine"] = distinct[0] if len(distinct) == 1 else distinct
         metrics = registry.drafter_entry(first.settings["drafter"]["name"]).metrics
         summary = summarize_records(records, list(first.selection), header, metrics)
         config = OmegaConf.create(first.config)

@@ -18,7 +18,10 @@ Conventions (the same as the DFlash, DeLS-Spec and Domino papers):
 """
 from __future__ import annotations
 
+import math
 from statistics import fmean
+
+import torch
 
 
 def tpot(decode_s: float, decode_tokens: int) -> float | None:
@@ -89,6 +92,16 @@ def tie_gap(logits, tokens) -> float:
     larger otherwise (a token that is not near the top is no near-tie whatever the top-2 gap)."""
     lg = logits.float()
     return float(lg.max() - min(lg[t] for t in tokens))
+
+
+def tie_tolerance(logits, dtype: torch.dtype, floor: float) -> float:
+    """The logit gap below which two tokens are a near-tie of the target computed in `dtype`: `floor`
+    (`eval.near_tie`), or 2 units in the last place of `dtype` at the best logit of `logits [V]` if that is more (bf16
+    rounds a logit of 16..32 to steps of 0.125, so a 16-row verify and a 1-row step may order two tokens within a
+    step differently; in fp32 the steps are ~1e-6 and the floor decides)."""
+    top = float(logits.float().abs().max())
+    ulp = torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(top)) if top > 0 else 0.0
+    return max(floor, 2 * ulp)
 
 
 def lossless_counts(records: list[dict]) -> dict:

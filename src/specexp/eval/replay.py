@@ -240,7 +240,7 @@ def run_settings(cfg, refs: ReferenceStore) -> dict:
     rp, ev = cfg.replay, cfg.eval
     return {
         "mode": "replay", "references": refs.hash,
-        "target": target_settings(cfg.target),
+        "target": target_settings(cfg.target, resolve_device(cfg.device)),
         "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
         "max_new_tokens": ev.max_new_tokens, "near_tie": rp.near_tie, "batched": rp.batched, "save_text": ev.save_text,
         **capped(ev),

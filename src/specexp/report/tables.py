@@ -48,4 +48,18 @@ def summary_markdown(summary: dict) -> str:
                     f"{_f(b['lossless_mismatches'], 'd')}{_ties(b)} |")
     rows.append(f"| **macro** | | | **{_f(m['tau'], '.2f')}** | {ci(m.get('tau_ci95'))} | "
                 f"**{_f(m['speedup'], '.2f')}** | | | | |")
-    return head + "\n".join(rows) + "\n"
+    return head + "\n".join(rows) + "\n" + machine_line(summary)
+
+
+def machine_line(summary: dict) -> str:
+    """Where an online run was measured (summaries made before this was recorded have none): timings and, in bf16,
+    the near-ties depend on it."""
+    m = summary.get("machine")
+    if not m:
+        return ""
+    one = m if isinstance(m, dict) else m[0]
+    where = one.get("gpu") or one["cpu"]
+    flags = ", ".join(one["cpu_flags"]) or "none of avx2/avx512"
+    more = "" if isinstance(m, dict) else f" (and {len(m) - 1} other machine(s): shards)"
+    return (f"\nTarget in {summary.get('target_dtype', '?')} on {where} (CPU flags: {flags}; "
+            f"{one['torch_threads']} torch threads){more}.\n")

@@ -47,7 +47,7 @@ from .distributed import Placement, device_check, make_strategy, placement, whol
 # ------------------------------------------------------------------------------------------- stages
 def target_fingerprint(target_cfg, target) -> dict:
     """What determines the target's outputs: its config minus local paths, plus the weights actually loaded."""
-    return {**target_settings(target_cfg), "resolved_source": target.source}
+    return {**target_settings(target_cfg, target.device), "resolved_source": target.source}
 
 
 def stage_dir(stages: Path, kind: str, payload: dict) -> Path:
