@@ -22,6 +22,7 @@ def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
     from .eval.fusion_grid import run_grid
     from .eval.merge import run_merge
     from .eval.replay import grid_requested, run_replay
+    from .export import run_export
     from .report.dashboard import run_dashboard
     from .report.page import run_report
     from .training.local_heads import run_prior
@@ -43,6 +44,7 @@ def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
     tasks["merge"] = run_merge                   # the shards of one run (eval.shard=I/N) -> the unsharded run's files
     tasks["report"] = run_report                 # a static HTML page over kept result directories
     tasks["dashboard"] = run_dashboard           # the W&B workspace and reports as code (dashboard.json)
+    tasks["export"] = run_export                 # a trained drafter for vLLM / SGLang (docs/export.md)
     one_of("task", cfg.task.name, tasks)
     torch.manual_seed(cfg.seed)
     if cfg.get("cpu_threads") is not None:
