@@ -27,11 +27,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from .engine_export import FORMATS as EXPORT_FORMATS
+from .engine_export import REPO_ID as EXPORT_REPO_ID
 from .errors import UserError
 from .eval.shards import VALID as SHARD_VALID
 from .eval.shards import is_valid as shard_is_valid
-from .export import FORMATS as EXPORT_FORMATS
-from .export import REPO_ID as EXPORT_REPO_ID
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 ANY = "any"                                  # the type tag of a null or interpolated option value

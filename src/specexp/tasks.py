@@ -16,13 +16,13 @@ def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
     from omegaconf import OmegaConf
 
     from . import registry
+    from .engine_export import run_export
     from .errors import one_of
     from .eval.compare import run_compare
     from .eval.evaluator import run_eval
     from .eval.fusion_grid import run_grid
     from .eval.merge import run_merge
     from .eval.replay import grid_requested, run_replay
-    from .export import run_export
     from .report.dashboard import run_dashboard
     from .report.page import run_report
     from .training.local_heads import run_prior
