@@ -37,8 +37,8 @@ def test_import_is_light_and_lists_the_api():
     code = ("import sys, specexp; heavy = [m for m in ('torch', 'hydra', 'transformers') if m in sys.modules]; "
             "assert not heavy, heavy; assert callable(specexp.load) and 'specexp.api' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
-    assert set(specexp.__all__) == {"load", "Pipeline", "Output", "evaluate", "replay", "compare", "run", "compose",
-                                    "UserError"}
+    assert set(specexp.__all__) == {"load", "Pipeline", "Output", "evaluate", "replay", "compare", "export", "run",
+                                    "compose", "UserError"}
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         specexp.nope
 

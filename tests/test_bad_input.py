@@ -112,6 +112,8 @@ PRIOR = ["task=prior", "target=tiny_qwen3", "data=smoke", "logger=none", "device
 REPLAY = ["task=replay", *SMALL, "replay.cache_dir=TMP/cache", "replay.tap_cache=false"]
 COMPARE = ["task=compare", "compare.a=TMP/a", "compare.b=TMP/b", "logger=none"]
 HUB = [*TRAIN, "data.source=hub", "data.hub.id=TMP/hub.jsonl", "data.hub.format=sharegpt"]
+EXPORT = ["task=export", "target=tiny_qwen3", "drafter=dflash", "drafter.checkpoint=BAD/dflash_good", "logger=none",
+          "device=cpu"]
 CORES = os.cpu_count() or 1
 GOOD_REC = {"id": "q1", "benchmark": "gsm8k", "turn": 0, "accept_lengths": [1, 2], "text_sha256": "x"}
 MSG = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}
@@ -421,6 +423,40 @@ CASES = [
     case("replay_export_is_a_directory", [*REPLAY, "replay.export=TMP/refs.json.gz"],
          "replay.export='TMP/refs.json.gz' is a directory; expected the name of a file to write",
          file_at("refs.json.gz", None)),
+
+    # ---- task=export (src/specexp/engine_export.py): refused before the run directory holds a file
+    case("export_format_unknown", [*EXPORT, "export.format=onnx"],
+         "export.format='onnx' is not valid; expected vllm, sglang, zlab or hf"),
+    case("export_dels_no_route", [*EXPORT, "drafter=dels_rnn"],
+         "task=export: drafter=dels_rnn has no serving route in vLLM or SGLang: DeLS-Spec fuses"),
+    case("export_domino_no_route", [*EXPORT, "drafter=domino_ft"],
+         "task=export: drafter=domino_ft has no serving route in vLLM or SGLang"),
+    case("export_dedit_no_route", [*EXPORT, "drafter=dedit"],
+         ("task=export: drafter=dedit has no serving route in vLLM or SGLang", "needs an engine-side edit step")),
+    case("export_ar_baseline", ["task=export", "target=tiny_qwen3", "drafter=none", "logger=none", "device=cpu"],
+         "task=export: drafter=none is not exportable; export writes drafter=dflash or drafter=eagle3"),
+    case("export_random_init", [*EXPORT, "drafter.init=random"],
+         "task=export writes a trained drafter: set drafter.checkpoint=DIR (drafter.init=random"),
+    case("export_eagle3_as_zlab", [*EXPORT, "drafter=eagle3", "drafter.checkpoint=BAD/dflash_good",
+                                   "export.format=zlab"],
+         "export.format=zlab is the DFlash layout; for drafter=eagle3 choose vllm, sglang or hf"),
+    case("export_out_not_empty", [*EXPORT, "export.out=TMP/exp"],
+         "export.out='TMP/exp' is not empty; choose another directory, or set export.overwrite=true",
+         file_at("exp/config.json", "{}")),
+    case("export_out_is_a_file", [*EXPORT, "export.out=TMP/a_file"],
+         "export.out='TMP/a_file' is a file; expected a directory", file_at("a_file", "keep me")),
+    case("export_out_in_checkpoint", [*EXPORT, "export.out=BAD/dflash_good/exported"],
+         "and drafter.checkpoint='BAD/dflash_good' nest; choose an export.out outside the checkpoint"),
+    case("export_push_without_repo", [*EXPORT, "export.push=true"],
+         "export.push=true needs export.repo_id=OWNER/NAME"),
+    case("export_push_offline", [*EXPORT, "export.push=true", "export.repo_id=me/draft"],
+         "export.push=true but the hub is offline (HF_HUB_OFFLINE=1)", offline),
+    case("export_repo_id_malformed", [*EXPORT, "export.repo_id=no-owner"],
+         "export.repo_id='no-owner' is not valid; expected null or a hub repository id OWNER/NAME"),
+    case("export_card_of_another_target", [*EXPORT, "drafter.checkpoint=TMP/ckpt"],
+         "drafter.checkpoint='TMP/ckpt' was trained for target qwen3_8b (its card.json), not target=tiny_qwen3",
+         lambda tmp, bad, mp: (__import__("shutil").copytree(bad / "dflash_good", tmp / "ckpt"),
+                               (tmp / "ckpt" / "card.json").write_text('{"target": "qwen3_8b"}'))),
 
     # ---- security
     case("experimental_rerun", ["--experimental-rerun", "TMP/config.pickle", *TINY],

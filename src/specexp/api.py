@@ -7,6 +7,7 @@ runner (tasks.py), and the same one-line errors, raised as `specexp.UserError` i
     out[0].text, out[0].token_ids, out[0].accept_lengths, out[0].tau
     summary = specexp.evaluate(["benchmark=gsm8k", "eval.num_samples=4"], out_dir="runs/gsm8k")
     specexp.compare("runs/a", "runs/b")                                        # paired τ difference with its CI
+    specexp.export(["drafter=dflash", "export.format=vllm"], out_dir="runs/export")   # docs/export.md
 
 Conventions: τ includes the bonus token (the mean of `accept_lengths`, tokens committed per verification);
 greedy outputs equal the target's own greedy output token for token.
@@ -159,6 +160,12 @@ def evaluate(overrides: Sequence[str] = (), out_dir: str | Path | None = None) -
 def replay(overrides: Sequence[str] = (), out_dir: str | Path | None = None) -> dict:
     """`task=replay`: τ without decoding, on cached greedy references; the summary (summary.json)."""
     return run("replay", overrides, out_dir)
+
+
+def export(overrides: Sequence[str] = (), out_dir: str | Path | None = None) -> dict:
+    """`task=export`: the drafter's checkpoint as a directory vLLM / SGLang load (`export.format`, `export.out`,
+    default `OUT_DIR/model`), with its model card; the summary (export_summary.json): files, τ, serving commands."""
+    return run("export", overrides, out_dir)
 
 
 def compare(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None) -> dict:

@@ -27,6 +27,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from .engine_export import FORMATS as EXPORT_FORMATS
+from .engine_export import REPO_ID as EXPORT_REPO_ID
 from .errors import UserError
 from .eval.shards import VALID as SHARD_VALID
 from .eval.shards import is_valid as shard_is_valid
@@ -329,6 +331,11 @@ RULES = {
                                                                  f"vocabulary); {_upto(MAX_TOKENS)}"),
     "drafter.ttt_length": (_int(1, MAX_BLOCK), f"an int >= 1 (training-time test steps); {_upto(MAX_BLOCK)}"),
     "drafter.ttt_decay": (_num(0, lo_open=True), "a finite number > 0"),
+    "export.format": (_one_of(*EXPORT_FORMATS), ", ".join(EXPORT_FORMATS[:-1]) + " or " + EXPORT_FORMATS[-1]),
+    "export.out": (_null_or(lambda v: isinstance(v, str) and v != ""), "null (<run dir>/model) or a directory path"),
+    "export.dtype": (_one_of(None, *DTYPES), "null (the checkpoint's dtypes), " + ", ".join(DTYPES)),
+    "export.repo_id": (_null_or(lambda v: isinstance(v, str) and EXPORT_REPO_ID.fullmatch(v) is not None),
+                       "null or a hub repository id OWNER/NAME"),
     "fusion.alpha": (_fusion_weight, "a finite number, a list of them, or 'learned'"),
     "fusion.beta": (_fusion_weight, "a finite number, a list of them, or 'learned'"),
     "fusion.kernel": (_one_of("auto", "triton", "torch"), "auto, triton or torch"),

@@ -16,6 +16,7 @@ def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
     from omegaconf import OmegaConf
 
     from . import registry
+    from .engine_export import run_export
     from .errors import one_of
     from .eval.compare import run_compare
     from .eval.evaluator import run_eval
@@ -43,6 +44,7 @@ def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
     tasks["merge"] = run_merge                   # the shards of one run (eval.shard=I/N) -> the unsharded run's files
     tasks["report"] = run_report                 # a static HTML page over kept result directories
     tasks["dashboard"] = run_dashboard           # the W&B workspace and reports as code (dashboard.json)
+    tasks["export"] = run_export                 # a trained drafter for vLLM / SGLang (docs/export.md)
     one_of("task", cfg.task.name, tasks)
     torch.manual_seed(cfg.seed)
     if cfg.get("cpu_threads") is not None:

