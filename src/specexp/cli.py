@@ -13,9 +13,14 @@ from .config import unknown_key_message
 from .errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-# Hydra flags that take a value as the next argument.
+# Hydra flags that take a value as the next argument (--info takes one only when it names what to show).
 _FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--cfg", "-c",
-                     "--package", "-p", "--info", "-i", "--experimental-rerun"}
+                     "--package", "-p", "--experimental-rerun"}
+_INFO_FLAGS, _INFO_CHOICES = {"--info", "-i"}, {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+# Hydra flags that run nothing: help, version, shell completion (`-sc install=bash`, and the `-sc query=bash` the
+# installed script calls at every <TAB>: their `install=`/`query=` words are Hydra's, not overrides) and --info.
+# The command line is Hydra's to read then; precheck stays out of the way.
+PASS_THROUGH = {"--help", "-h", "--hydra-help", "--version", "--shell-completion", "-sc", *_INFO_FLAGS}
 
 
 LOG_NAME = "specexp.log"            # Hydra's job log (hydra.job.name + .log): internal errors' tracebacks go there
@@ -175,14 +180,19 @@ def _check_launcher(parsed) -> None:
 
 def _overrides(argv: list[str]) -> list[str]:
     out, skip = [], False
-    for a in argv:
+    for i, a in enumerate(argv):
         if skip:
             skip = False
-        elif a in _FLAGS_WITH_VALUE:
+        elif a in _FLAGS_WITH_VALUE or (a in _INFO_FLAGS and i + 1 < len(argv) and argv[i + 1] in _INFO_CHOICES):
             skip = True
         elif not a.startswith("-"):
             out.append(a)
     return out
+
+
+def passes_through(argv: list[str]) -> bool:
+    """Whether the command line is one of Hydra's own that runs no task (PASS_THROUGH): not specexp's to check."""
+    return any(a.split("=", 1)[0] in PASS_THROUGH for a in argv)
 
 
 def _check_output_dir(parsed, multirun: bool) -> None:
@@ -222,12 +232,15 @@ def _check_flags(argv: list[str]) -> None:
 
 
 def precheck(argv: list[str]) -> None:
-    """Validate group options and keys of the command line against the conf tree; exit with one line."""
+    """Validate group options and keys of the command line against the conf tree; exit with one line. Hydra's own
+    flags that run nothing (help, --info, shell completion) are left to Hydra."""
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     _check_flags(argv)
+    if passes_through(argv):
+        return
     try:
         parsed = OverridesParser.create().parse_overrides(_overrides(argv))
     except HydraException as e:
