@@ -1,6 +1,7 @@
 """The CLI and the evaluator: the results contract, resume, and one-line errors for bad input."""
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -49,6 +50,15 @@ def test_issue_command_writes_the_contract(tmp_path):
     assert info["versions"]["transformers"] == transformers.__version__ and info["device"]["type"] == "cpu"
     assert "sha" in info["git"]
     assert "drafter:" in (d / "config.yaml").read_text()
+    # The command line is recorded, and its `rerun` line resumes this very run (every sample done: nothing changes).
+    cmd = json.loads((d / "command.json").read_text())
+    assert cmd["argv"][1:] == ["task=eval", "target=tiny_qwen3", "drafter=dflash", "drafter.init=random",
+                               "benchmark=gsm8k", "eval.num_samples=3", "eval.max_new_tokens=48",
+                               "eval.check_lossless=true", "logger=none", f"hydra.run.dir={d}"]
+    assert cmd["cwd"] == str(ROOT) and cmd["command"].startswith("python -m specexp task=eval target=tiny_qwen3")
+    samples = (d / "samples.jsonl").read_bytes()
+    again = cli(*shlex.split(cmd["rerun"])[3:])
+    assert again.returncode == 0 and (d / "samples.jsonl").read_bytes() == samples, again.stderr[-2000:]
 
 
 @pytest.mark.slow

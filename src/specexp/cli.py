@@ -3,6 +3,7 @@ choices (Hydra's own messages span many lines and end with a stack-trace hint). 
 the entry point (`__main__.main`) prints it as one line and exits 2, and the Python API (api.py) raises it."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -84,6 +85,69 @@ def failed_jobs(sweep_dir: Path, since: float) -> list[tuple[str, str]]:
     return out
 
 
+MULTIRUN_TABLE = "multirun"         # <sweep dir>/multirun.md and .json: every job's overrides -> τ, CI, speedup
+
+
+def _fresh(path: Path, since: float) -> bool:
+    try:
+        return path.stat().st_mtime >= since
+    except OSError:
+        return False
+
+
+def sweep_table(sweep_dir: Path, since: float) -> tuple[list[dict], list[str]]:
+    """(jobs, swept keys) of this sweep: every job directory under `sweep_dir` whose command.json (written when a
+    job claims its directory, tracking.command_record) or error.txt is from this sweep, in job order, with its
+    overrides, the swept keys among them (those whose values differ between jobs), and the macro τ, its 95% CI
+    and the macro speedup as its summary.json has them (the evaluator's; nothing is recomputed here)."""
+    from .tracking import COMMAND_FILE, read_command
+
+    dirs = {f.parent for name in (COMMAND_FILE, ERROR_FILE) for f in Path(sweep_dir).rglob(name) if _fresh(f, since)}
+    jobs = []
+    order = lambda d: [(0, int(p)) if p.isdigit() else (1, p) for p in d.relative_to(sweep_dir).parts]  # noqa: E731
+    for d in sorted(dirs, key=order):                     # job 2 before job 10
+        record = read_command(d) if _fresh(d / COMMAND_FILE, since) else None
+        overrides = dict(o.lstrip("+~").split("=", 1) for o in (record or {}).get("overrides", []) if "=" in o)
+        job = {"job": str(d.relative_to(sweep_dir)), "overrides": overrides, "tau": None, "tau_ci95": None,
+               "speedup": None, "error": None, "rerun": (record or {}).get("rerun")}
+        if _fresh(d / ERROR_FILE, since):
+            job["error"] = (d / ERROR_FILE).read_text(encoding="utf-8", errors="replace").strip()
+        elif (d / "summary.json").is_file():
+            try:
+                macro = json.loads((d / "summary.json").read_text(encoding="utf-8")).get("macro") or {}
+                job.update(tau=macro.get("tau"), tau_ci95=macro.get("tau_ci95"), speedup=macro.get("speedup"))
+            except (OSError, ValueError, AttributeError):
+                job["error"] = "summary.json unreadable"
+        jobs.append(job)
+    keys = list(dict.fromkeys(k for j in jobs for k in j["overrides"]))
+    swept = [k for k in keys if len({j["overrides"].get(k) for j in jobs}) > 1] or (keys if len(jobs) == 1 else [])
+    for j in jobs:
+        j["swept"] = {k: j["overrides"].get(k) for k in swept}
+    return jobs, swept
+
+
+def write_sweep_table(sweep_dir: Path, since: float) -> str | None:
+    """Print the sweep's table and write it beside its jobs (MULTIRUN_TABLE .md and .json); None without jobs.
+    A sweep directory that cannot be written still gets the table printed (and one warning line)."""
+    from .report.tables import multirun_markdown
+    from .tracking import write_json, write_text_atomic
+
+    jobs, swept = sweep_table(sweep_dir, since)
+    if not jobs:
+        return None
+    md = (f"# multirun {sweep_dir}: {len(jobs)} jobs (τ includes the bonus token; 95% CI: bootstrap over prompts)\n\n"
+          + multirun_markdown(jobs, swept))
+    try:
+        write_text_atomic(Path(sweep_dir) / f"{MULTIRUN_TABLE}.md", md)
+        write_json(Path(sweep_dir) / f"{MULTIRUN_TABLE}.json", {"sweep_dir": str(sweep_dir), "swept": swept,
+                                                                "jobs": jobs})
+    except OSError as e:
+        print(f"specexp: warning: cannot write the sweep's table into {sweep_dir} ({e.strerror})", file=sys.stderr,
+              flush=True)
+    print(md, flush=True)
+    return md
+
+
 try:
     from hydra.experimental.callback import Callback
 except ImportError:                 # pragma: no cover - Hydra < 1.1
@@ -91,9 +155,11 @@ except ImportError:                 # pragma: no cover - Hydra < 1.1
 
 
 class FailedJobs(Callback):
-    """A multirun ends with one line listing its failed jobs and exits non-zero: 2 when every failure was the
-    user's input, 1 when one was an internal error. Configured in conf/config.yaml (hydra.callbacks); it runs in
-    the launching process, so it sees every launcher's jobs through their directories (basic, joblib, submitit)."""
+    """A multirun ends with one table of its jobs (`write_sweep_table`: overrides -> τ, CI, speedup, printed and
+    written to <sweep dir>/multirun.md + .json), then, when jobs failed, one line listing them and a non-zero exit:
+    2 when every failure was the user's input, 1 when one was an internal error. Configured in conf/config.yaml
+    (hydra.callbacks); it runs in the launching process, so it sees every launcher's jobs through their
+    directories (basic, joblib, submitit)."""
 
     def __init__(self) -> None:
         self.since = 0.0
@@ -105,6 +171,7 @@ class FailedJobs(Callback):
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
+        write_sweep_table(sweep_dir, self.since)
         failed = failed_jobs(sweep_dir, self.since)
         if not failed:
             return
@@ -289,3 +356,17 @@ def _check_merged_keys(cfg, key: str, value: dict) -> None:
             raise UserError(unknown_key_message(OmegaConf.to_container(cfg), f"{key}.{k}"))
         if isinstance(v, dict):
             _check_merged_keys(cfg, f"{key}.{k}", v)
+
+
+def record_job_command(job_dir: Path, job: dict) -> None:
+    """A failed multirun job's command.json, unless its directory has one (it may be another run's, which a refused
+    job must not change): the sweep's table then names the failed job's overrides, and `rerun` repeats it."""
+    from .tracking import COMMAND_FILE, command_record, write_json
+
+    path = Path(job_dir) / COMMAND_FILE
+    if path.exists():
+        return
+    try:
+        write_json(path, command_record(job_dir, job, sys.argv))
+    except OSError:
+        pass                            # error.txt (or the warning line) already says what failed

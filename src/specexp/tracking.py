@@ -8,11 +8,13 @@ the config holds no credentials and the environment is never recorded.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import csv
 import io
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -50,6 +52,52 @@ def run_info(device: torch.device) -> dict:
            else platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads()}
     return {"git": git_sha(), "python": sys.version.split()[0], "platform": platform.platform(),
             "versions": versions, "device": dev}
+
+
+# ------------------------------------------------------------------------------------------- the command line
+COMMAND_FILE = "command.json"
+# The command of the run in progress (tasks.run_task sets it): every run directory records it when it is claimed
+# (eval/store.py), and W&B runs carry it in their config.
+COMMAND: contextvars.ContextVar[dict | None] = contextvars.ContextVar("specexp_command", default=None)
+# Hydra flags of a launching command line that a single rerun keeps (with their value when they take one).
+_KEPT_FLAGS = {"--config-dir": 1, "-cd": 1, "--config-name": 1, "-cn": 1, "--config-path": 1, "-cp": 1}
+
+
+def command_record(out_dir, job: dict | None, argv: list[str] | None) -> dict:
+    """What `command.json` holds: `argv`, the exact command line of the process, and `command`, the same as a
+    shell line (both None when the run came from the Python API); `cwd`, where it ran (relative paths are relative
+    to it); `overrides`, the overrides this run's config was composed from (a multirun job's own values); `rerun`,
+    a shell line that reruns this one run into the same directory (a resumed run continues it; for a multirun
+    job, just that job). The last command to claim the directory wins (a resume records its own)."""
+    job = job or {}
+    overrides = [str(o) for o in job.get("overrides") or []]
+    flags, args = [], list(argv[1:] if argv else [])
+    for i, a in enumerate(args):                # --config-dir/--config-name (a sweep file) pick the config
+        name = a.split("=", 1)[0]
+        if name in _KEPT_FLAGS:
+            flags += [a] if "=" in a else args[i:i + 1 + _KEPT_FLAGS[name]]
+    if not argv and job.get("config_name") not in (None, "config"):
+        flags = ["--config-name", str(job["config_name"])]
+    rerun = ["python", "-m", "specexp", *flags, *overrides, f"hydra.run.dir={out_dir}"]
+    return {"argv": list(argv) if argv else None,
+            "command": shlex.join(["python", "-m", "specexp", *argv[1:]]) if argv else None,
+            "cwd": os.getcwd(), "overrides": overrides, "rerun": shlex.join(rerun)}
+
+
+def record_command(run_dir) -> None:
+    """Write the running command (COMMAND) into `run_dir/command.json`; nothing outside a task."""
+    record = COMMAND.get()
+    if record is not None:
+        write_json(Path(run_dir) / COMMAND_FILE, record)
+
+
+def read_command(run_dir) -> dict | None:
+    """A run directory's `command.json`, or None when it has none (or an unreadable one)."""
+    try:
+        record = json.loads((Path(run_dir) / COMMAND_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 class NoLogger:
@@ -144,6 +192,8 @@ def wandb_run_args(config: dict, out_dir: Path) -> dict:
     extra = {"sweep": sweep} if sweep else {}
     if info.is_file():
         extra["run_info"] = json.loads(info.read_text())
+    if COMMAND.get() is not None:
+        extra["command"] = COMMAND.get()
     return {"group": sweep["name"] if sweep else None, "job_type": (config.get("task") or {}).get("name"),
             "config": {**config, **extra}}
 

@@ -8,6 +8,7 @@ Files in the run directory (the results contract; see docs/architecture.md):
   summary.md      the table printed to the terminal
   config.yaml     the resolved config;  run_info.json  git SHA, package versions, device
   run.json        what the results depend on (settings, samples and their prompts); .lock  held while running
+  command.json    the command line and a `rerun` line (tracking.command_record; written when the store claims DIR)
 """
 from __future__ import annotations
 

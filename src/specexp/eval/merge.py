@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 from .. import registry
 from ..errors import UserError, check
 from ..report.tables import summary_markdown
-from ..tracking import run_info, write_json, write_text_atomic
+from ..tracking import record_command, run_info, write_json, write_text_atomic
 from .evaluator import SUMMARY_HEADER, summarize_records
 from .shards import Shard, part
 from .store import FORMAT, LOCK, RUN, SAMPLES, SUMMARY, lock, read_records, read_text, settings_diff
@@ -213,6 +213,7 @@ def run_merge(cfg, out_dir) -> dict:
         run, records = merged(runs)
         text = "".join(json.dumps(r) + "\n" for r in records)
         _claim(out, run, text)
+        record_command(out)
         first = runs[0]
         header = {k: first.summary[k] for k in SUMMARY_HEADER}
         metrics = registry.drafter_entry(first.settings["drafter"]["name"]).metrics
