@@ -256,6 +256,7 @@ def run_eval(cfg, out_dir: Path) -> dict:
         write_json(out_dir / "summary.json", summary)
         write_text_atomic(out_dir / "summary.md", md)
         logger.summary(summary)
+        logger.artifact("eval", [out_dir / "summary.json", out_dir / "samples.jsonl"])
         logger.finish()
     print(md, flush=True)
     return summary

@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 from .. import registry
 from ..errors import UserError, check
 from ..report.tables import summary_markdown
-from ..tracking import record_command, run_info, write_json, write_text_atomic
+from ..tracking import make_logger, record_command, run_info, write_json, write_text_atomic
 from .evaluator import SUMMARY_HEADER, summarize_records
 from .shards import Shard, part
 from .store import FORMAT, LOCK, RUN, SAMPLES, SUMMARY, lock, read_records, read_text, settings_diff
@@ -233,6 +233,12 @@ def run_merge(cfg, out_dir) -> dict:
         write_json(out / RUN_INFO, info)
         write_json(out / SUMMARY, summary)
         write_text_atomic(out / "summary.md", md)
+        # W&B (job type merge): the merged run's config (the shards' task, drafter, ...) and summary
+        logger = make_logger(cfg.logger, out, OmegaConf.to_container(config, resolve=True),
+                             name=f"{summary['drafter']}-{summary['target']}", job_type="merge")
+        logger.summary(summary)
+        logger.artifact("merge", [out / SUMMARY, out / SAMPLES])
+        logger.finish()
     finally:
         for f in held:
             f.close()
