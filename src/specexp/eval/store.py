@@ -218,8 +218,10 @@ def claimed_for(out_dir, task: str):
         if found:
             raise UserError(f"hydra.run.dir={d} holds another run's results ({found[0]}); task={task} writes its "
                             f"files into a directory of its own: choose another hydra.run.dir")
-        record_command(d)
         yield d
+        # Recorded once the task succeeded: these tasks may still refuse their input after claiming (a training
+        # corpus is read inside), and a refused command leaves the directory as it was.
+        record_command(d)
     finally:
         held.close()
 
