@@ -667,9 +667,24 @@ def test_sweep_goes_on_past_a_failing_job(launcher, tmp_path, monkeypatch, capsy
     assert (sweep_dir / "1" / "error.txt").read_text() == "seed='abc' is not valid; expected an int\n"
     for good in ("0", "2"):                                  # the jobs before and after the bad one both ran
         assert (sweep_dir / good / "summary.json").is_file() and not (sweep_dir / good / "error.txt").exists()
+    # The sweep ends with one table of its jobs, printed and written beside them, the failed one included.
+    table = json.loads((sweep_dir / "multirun.json").read_text())
+    assert table["swept"] == ["seed"] and [j["swept"]["seed"] for j in table["jobs"]] == ["0", "abc", "1"]
+    assert [j["job"] for j in table["jobs"]] == ["0", "1", "2"] and table["jobs"][1]["error"].startswith("seed='abc'")
+    for j, seed in zip(table["jobs"], ("0", "abc", "1")):
+        rerun = j["rerun"].split()                                        # each job's own single-run command
+        assert rerun[:3] == ["python", "-m", "specexp"] and "-m" not in rerun[3:] and "--multirun" not in rerun
+        assert rerun[-2:] == [f"seed={seed}", f"hydra.run.dir={sweep_dir / j['job']}"]
+        if seed != "abc":
+            macro = json.loads((sweep_dir / j["job"] / "summary.json").read_text())["macro"]
+            assert (j["tau"], j["tau_ci95"], j["speedup"]) == (macro["tau"], macro["tau_ci95"], macro["speedup"])
+    md = (sweep_dir / "multirun.md").read_text()
+    assert "| job | seed | macro τ | τ 95% CI | macro speedup | status |" in md and "| 1 | abc | – |" in md
     # The sweep fixed and rerun into the same directory: the stale error.txt goes, nothing is listed.
     sweep_dir, code, lines, err = sweep(launcher, tmp_path, monkeypatch, capsys, "seed=0,5,1")
     assert code == 0 and not list(sweep_dir.rglob("error.txt")), err[-3000:]
+    table = json.loads((sweep_dir / "multirun.json").read_text())
+    assert [(j["swept"]["seed"], j["error"]) for j in table["jobs"]] == [("0", None), ("5", None), ("1", None)]
 
 
 def test_internal_error_is_one_line_with_the_log(tmp_path, monkeypatch, capsys):

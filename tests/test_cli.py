@@ -1,6 +1,7 @@
 """The CLI and the evaluator: the results contract, resume, and one-line errors for bad input."""
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -51,6 +52,15 @@ def test_issue_command_writes_the_contract(tmp_path):
     assert info["versions"]["transformers"] == transformers.__version__ and info["device"]["type"] == "cpu"
     assert "sha" in info["git"]
     assert "drafter:" in (d / "config.yaml").read_text()
+    # The command line is recorded, and its `rerun` line resumes this very run (every sample done: nothing changes).
+    cmd = json.loads((d / "command.json").read_text())
+    assert cmd["argv"][1:] == ["task=eval", "target=tiny_qwen3", "drafter=dflash", "drafter.init=random",
+                               "benchmark=gsm8k", "eval.num_samples=3", "eval.max_new_tokens=48",
+                               "eval.check_lossless=true", "logger=none", f"hydra.run.dir={d}"]
+    assert cmd["cwd"] == str(ROOT) and cmd["command"].startswith("python -m specexp task=eval target=tiny_qwen3")
+    samples = (d / "samples.jsonl").read_bytes()
+    again = cli(*shlex.split(cmd["rerun"])[3:])
+    assert again.returncode == 0 and (d / "samples.jsonl").read_bytes() == samples, again.stderr[-2000:]
 
 
 @pytest.mark.slow
@@ -166,3 +176,26 @@ def test_precheck_leaves_the_keys_of_a_sweep_file_to_hydra():
               "drafter.edit.window=4,5"])                                    # returns: nothing raised
     with pytest.raises(UserError, match="unknown key 'drafter.edit.passes'"):
         precheck(["drafter.edit.passes=2"])                                 # the default drafter has no edit keys
+
+
+def test_shell_completion_is_hydras():
+    """`-sc install=bash` prints Hydra's completion script, and the query it runs at every <TAB> lists the options
+    and keys (`install=`/`query=` are Hydra's words, not overrides for the precheck to refuse)."""
+    r = cli("-sc", "install=bash", timeout=120)
+    assert r.returncode == 0 and "hydra_bash_completion" in r.stdout and "complete " in r.stdout, r.stderr
+    env = {**os.environ, "COMP_LINE": "specexp task=re", "COMP_POINT": "15", "PYTHONWARNINGS": "ignore"}
+    q = subprocess.run([sys.executable, "-m", "specexp", "-sc", "query=bash"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert q.returncode == 0 and q.stdout.split() == ["task=regenerate", "task=replay", "task=report"], q.stderr
+
+
+def test_precheck_leaves_hydras_own_flags_to_hydra():
+    from specexp.cli import precheck
+
+    for argv in (["-sc", "install=bash"], ["--shell-completion", "query=zsh"], ["--hydra-help"], ["--help"],
+                 ["--info", "defaults"], ["-i"], ["--version"]):
+        precheck(argv)                                                          # returns: nothing raised
+    with pytest.raises(UserError, match="unknown key 'install'"):
+        precheck(["install=bash"])                                              # without -sc it is an override
+    with pytest.raises(UserError, match="drafter=foo is not an option"):
+        precheck(["--cfg", "job", "drafter=foo"])                               # --cfg composes: still checked

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from . import cli
 from .cli import CONF_DIR, fail, precheck
+from .config import hydra_choices
 from .errors import UserError
 from .tasks import run_task, sweeper_metric
 
@@ -53,6 +54,7 @@ def _sweep_job(cfg: DictConfig, out_dir: str, num: int):
     except Exception as e:
         message, _ = error_line(e, Path(out_dir) / cli.LOG_NAME)
         cli.record_job_error(error, message)
+        cli.record_job_command(Path(out_dir), hydra_choices())
         print(f"specexp: warning: job {num} failed, the sweep goes on: {message}", file=sys.stderr, flush=True)
         return None
 

@@ -3,6 +3,7 @@ choices (Hydra's own messages span many lines and end with a stack-trace hint). 
 the entry point (`__main__.main`) prints it as one line and exits 2, and the Python API (api.py) raises it."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -13,9 +14,14 @@ from .config import unknown_key_message
 from .errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-# Hydra flags that take a value as the next argument.
+# Hydra flags that take a value as the next argument (--info takes one only when it names what to show).
 _FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--cfg", "-c",
-                     "--package", "-p", "--info", "-i", "--experimental-rerun"}
+                     "--package", "-p", "--experimental-rerun"}
+_INFO_FLAGS, _INFO_CHOICES = {"--info", "-i"}, {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+# Hydra flags that run nothing: help, version, shell completion (`-sc install=bash`, and the `-sc query=bash` the
+# installed script calls at every <TAB>: their `install=`/`query=` words are Hydra's, not overrides) and --info.
+# The command line is Hydra's to read then; precheck stays out of the way.
+PASS_THROUGH = {"--help", "-h", "--hydra-help", "--version", "--shell-completion", "-sc", *_INFO_FLAGS}
 
 
 LOG_NAME = "specexp.log"            # Hydra's job log (hydra.job.name + .log): internal errors' tracebacks go there
@@ -79,6 +85,69 @@ def failed_jobs(sweep_dir: Path, since: float) -> list[tuple[str, str]]:
     return out
 
 
+MULTIRUN_TABLE = "multirun"         # <sweep dir>/multirun.md and .json: every job's overrides -> τ, CI, speedup
+
+
+def _fresh(path: Path, since: float) -> bool:
+    try:
+        return path.stat().st_mtime >= since
+    except OSError:
+        return False
+
+
+def sweep_table(sweep_dir: Path, since: float) -> tuple[list[dict], list[str]]:
+    """(jobs, swept keys) of this sweep: every job directory under `sweep_dir` whose command.json (written when a
+    job claims its directory, tracking.command_record) or error.txt is from this sweep, in job order, with its
+    overrides, the swept keys among them (those whose values differ between jobs), and the macro τ, its 95% CI
+    and the macro speedup as its summary.json has them (the evaluator's; nothing is recomputed here)."""
+    from .tracking import COMMAND_FILE, read_command
+
+    dirs = {f.parent for name in (COMMAND_FILE, ERROR_FILE) for f in Path(sweep_dir).rglob(name) if _fresh(f, since)}
+    jobs = []
+    order = lambda d: [(0, int(p)) if p.isdigit() else (1, p) for p in d.relative_to(sweep_dir).parts]  # noqa: E731
+    for d in sorted(dirs, key=order):                     # job 2 before job 10
+        record = read_command(d) if _fresh(d / COMMAND_FILE, since) else None
+        overrides = dict(o.lstrip("+~").split("=", 1) for o in (record or {}).get("overrides", []) if "=" in o)
+        job = {"job": str(d.relative_to(sweep_dir)), "overrides": overrides, "tau": None, "tau_ci95": None,
+               "speedup": None, "error": None, "rerun": (record or {}).get("rerun")}
+        if _fresh(d / ERROR_FILE, since):
+            job["error"] = (d / ERROR_FILE).read_text(encoding="utf-8", errors="replace").strip()
+        elif (d / "summary.json").is_file():
+            try:
+                macro = json.loads((d / "summary.json").read_text(encoding="utf-8")).get("macro") or {}
+                job.update(tau=macro.get("tau"), tau_ci95=macro.get("tau_ci95"), speedup=macro.get("speedup"))
+            except (OSError, ValueError, AttributeError):
+                job["error"] = "summary.json unreadable"
+        jobs.append(job)
+    keys = list(dict.fromkeys(k for j in jobs for k in j["overrides"]))
+    swept = [k for k in keys if len({j["overrides"].get(k) for j in jobs}) > 1] or (keys if len(jobs) == 1 else [])
+    for j in jobs:
+        j["swept"] = {k: j["overrides"].get(k) for k in swept}
+    return jobs, swept
+
+
+def write_sweep_table(sweep_dir: Path, since: float) -> str | None:
+    """Print the sweep's table and write it beside its jobs (MULTIRUN_TABLE .md and .json); None without jobs.
+    A sweep directory that cannot be written still gets the table printed (and one warning line)."""
+    from .report.tables import multirun_markdown
+    from .tracking import write_json, write_text_atomic
+
+    jobs, swept = sweep_table(sweep_dir, since)
+    if not jobs:
+        return None
+    md = (f"# multirun {sweep_dir}: {len(jobs)} jobs (τ includes the bonus token; 95% CI: bootstrap over prompts)\n\n"
+          + multirun_markdown(jobs, swept))
+    try:
+        write_text_atomic(Path(sweep_dir) / f"{MULTIRUN_TABLE}.md", md)
+        write_json(Path(sweep_dir) / f"{MULTIRUN_TABLE}.json", {"sweep_dir": str(sweep_dir), "swept": swept,
+                                                                "jobs": jobs})
+    except OSError as e:
+        print(f"specexp: warning: cannot write the sweep's table into {sweep_dir} ({e.strerror})", file=sys.stderr,
+              flush=True)
+    print(md, flush=True)
+    return md
+
+
 try:
     from hydra.experimental.callback import Callback
 except ImportError:                 # pragma: no cover - Hydra < 1.1
@@ -86,9 +155,11 @@ except ImportError:                 # pragma: no cover - Hydra < 1.1
 
 
 class FailedJobs(Callback):
-    """A multirun ends with one line listing its failed jobs and exits non-zero: 2 when every failure was the
-    user's input, 1 when one was an internal error. Configured in conf/config.yaml (hydra.callbacks); it runs in
-    the launching process, so it sees every launcher's jobs through their directories (basic, joblib, submitit)."""
+    """A multirun ends with one table of its jobs (`write_sweep_table`: overrides -> τ, CI, speedup, printed and
+    written to <sweep dir>/multirun.md + .json), then, when jobs failed, one line listing them and a non-zero exit:
+    2 when every failure was the user's input, 1 when one was an internal error. Configured in conf/config.yaml
+    (hydra.callbacks); it runs in the launching process, so it sees every launcher's jobs through their
+    directories (basic, joblib, submitit)."""
 
     def __init__(self) -> None:
         self.since = 0.0
@@ -100,6 +171,7 @@ class FailedJobs(Callback):
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
+        write_sweep_table(sweep_dir, self.since)
         failed = failed_jobs(sweep_dir, self.since)
         if not failed:
             return
@@ -175,14 +247,19 @@ def _check_launcher(parsed) -> None:
 
 def _overrides(argv: list[str]) -> list[str]:
     out, skip = [], False
-    for a in argv:
+    for i, a in enumerate(argv):
         if skip:
             skip = False
-        elif a in _FLAGS_WITH_VALUE:
+        elif a in _FLAGS_WITH_VALUE or (a in _INFO_FLAGS and i + 1 < len(argv) and argv[i + 1] in _INFO_CHOICES):
             skip = True
         elif not a.startswith("-"):
             out.append(a)
     return out
+
+
+def passes_through(argv: list[str]) -> bool:
+    """Whether the command line is one of Hydra's own that runs no task (PASS_THROUGH): not specexp's to check."""
+    return any(a.split("=", 1)[0] in PASS_THROUGH for a in argv)
 
 
 def _check_output_dir(parsed, multirun: bool) -> None:
@@ -222,12 +299,15 @@ def _check_flags(argv: list[str]) -> None:
 
 
 def precheck(argv: list[str]) -> None:
-    """Validate group options and keys of the command line against the conf tree; exit with one line."""
+    """Validate group options and keys of the command line against the conf tree; exit with one line. Hydra's own
+    flags that run nothing (help, --info, shell completion) are left to Hydra."""
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     _check_flags(argv)
+    if passes_through(argv):
+        return
     try:
         parsed = OverridesParser.create().parse_overrides(_overrides(argv))
     except HydraException as e:
@@ -276,3 +356,17 @@ def _check_merged_keys(cfg, key: str, value: dict) -> None:
             raise UserError(unknown_key_message(OmegaConf.to_container(cfg), f"{key}.{k}"))
         if isinstance(v, dict):
             _check_merged_keys(cfg, f"{key}.{k}", v)
+
+
+def record_job_command(job_dir: Path, job: dict) -> None:
+    """A failed multirun job's command.json, unless its directory has one (it may be another run's, which a refused
+    job must not change): the sweep's table then names the failed job's overrides, and `rerun` repeats it."""
+    from .tracking import COMMAND_FILE, command_record, write_json
+
+    path = Path(job_dir) / COMMAND_FILE
+    if path.exists():
+        return
+    try:
+        write_json(path, command_record(job_dir, job, sys.argv))
+    except OSError:
+        pass                            # error.txt (or the warning line) already says what failed

@@ -594,7 +594,7 @@ def _check_drafter_checkpoint(values: dict) -> None:
 # ---------------------------------------------------------------------------------- the run directory
 # Files a run writes into its directory (the evaluator's results contract, the loggers, training summaries).
 RUN_FILES = ("samples.jsonl", "summary.json", "summary.md", "config.yaml", "run_info.json", "run.json",
-             "metrics.csv", "summary.csv", "train_summary.json", "data.json")
+             "metrics.csv", "summary.csv", "train_summary.json", "data.json", "command.json")
 # Faults of the machine rather than of the program: one line, no traceback.
 ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EISDIR,
                       errno.ENOTDIR, errno.ENAMETOOLONG, errno.EFBIG}      # EFBIG: a file-size limit (ulimit -f)

@@ -12,10 +12,12 @@ def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
     from .config import check_run_dir, check_run_layout, validate
 
     validate(cfg, job)              # keys, types and ranges of the composed config, before any work
+    import sys
+
     import torch
     from omegaconf import OmegaConf
 
-    from . import registry
+    from . import config, registry, tracking
     from .engine_export import run_export
     from .errors import one_of
     from .eval.compare import run_compare
@@ -49,7 +51,14 @@ def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
     torch.manual_seed(cfg.seed)
     if cfg.get("cpu_threads") is not None:
         torch.set_num_threads(cfg.cpu_threads)
-    return tasks[cfg.task.name](cfg, out_dir)
+    # The command every run directory records when it is claimed (tracking.command_record): the process's own
+    # command line from the CLI (no `job` given), none from the Python API; the overrides either way.
+    command = tracking.command_record(out_dir, job or config.hydra_choices(), None if job is not None else sys.argv)
+    token = tracking.COMMAND.set(command)
+    try:
+        return tasks[cfg.task.name](cfg, out_dir)
+    finally:
+        tracking.COMMAND.reset(token)
 
 
 def sweeper_metric(summary) -> float | None:

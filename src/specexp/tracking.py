@@ -8,11 +8,13 @@ the config holds no credentials and the environment is never recorded.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import csv
 import io
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -53,11 +55,66 @@ def run_info(device: torch.device) -> dict:
             "versions": versions, "device": dev, "cpu": cpu_info()}
 
 
+# ------------------------------------------------------------------------------------------- the command line
+COMMAND_FILE = "command.json"
+# The command of the run in progress (tasks.run_task sets it): every run directory records it when it is claimed
+# (eval/store.py), and W&B runs carry it in their config.
+COMMAND: contextvars.ContextVar[dict | None] = contextvars.ContextVar("specexp_command", default=None)
+# Hydra flags of a launching command line that a single rerun keeps (with their value when they take one).
+_KEPT_FLAGS = {"--config-dir": 1, "-cd": 1, "--config-name": 1, "-cn": 1, "--config-path": 1, "-cp": 1}
+
+
+def command_record(out_dir, job: dict | None, argv: list[str] | None) -> dict:
+    """What `command.json` holds: `argv`, the exact command line of the process, and `command`, the same as a
+    shell line (both None when the run came from the Python API); `cwd`, where it ran (relative paths are relative
+    to it); `overrides`, the overrides this run's config was composed from (a multirun job's own values); `rerun`,
+    a shell line that reruns this one run into the same directory (a resumed run continues it; for a multirun
+    job, just that job). The last command to claim the directory wins (a resume records its own)."""
+    job = job or {}
+    overrides = [str(o) for o in job.get("overrides") or []]
+    flags, args = [], list(argv[1:] if argv else [])
+    for i, a in enumerate(args):                # --config-dir/--config-name (a sweep file) pick the config
+        name = a.split("=", 1)[0]
+        if name in _KEPT_FLAGS:
+            flags += [a] if "=" in a else args[i:i + 1 + _KEPT_FLAGS[name]]
+    if not argv and job.get("config_name") not in (None, "config"):
+        flags = ["--config-name", str(job["config_name"])]
+    rerun = ["python", "-m", "specexp", *flags, *overrides, f"hydra.run.dir={out_dir}"]
+    return {"argv": list(argv) if argv else None,
+            "command": shlex.join(["python", "-m", "specexp", *argv[1:]]) if argv else None,
+            "cwd": os.getcwd(), "overrides": overrides, "rerun": shlex.join(rerun)}
+
+
+def record_command(run_dir) -> None:
+    """Write the running command (COMMAND) into `run_dir/command.json`; nothing outside a task."""
+    record = COMMAND.get()
+    if record is not None:
+        write_json(Path(run_dir) / COMMAND_FILE, record)
+
+
+def read_command(run_dir) -> dict | None:
+    """A run directory's `command.json`, or None when it has none (or an unreadable one)."""
+    try:
+        record = json.loads((Path(run_dir) / COMMAND_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 class NoLogger:
+    """What every logger takes: per-step metrics, an eval/replay summary (summary.json's content), a comparison
+    (compare.json's), result files as one artifact, and the end of the run."""
+
     def log(self, metrics: dict, step: int | None = None) -> None:
         pass
 
     def summary(self, summary: dict) -> None:
+        pass
+
+    def comparison(self, result: dict) -> None:
+        pass
+
+    def artifact(self, kind: str, files: list) -> None:
         pass
 
     def finish(self) -> None:
@@ -85,7 +142,7 @@ class CSVLogger(NoLogger):
         w = csv.writer(buf)
         w.writerow(["benchmark", *keys])
         for name, b in summary["benchmarks"].items():
-            w.writerow([name, *(b[k] for k in keys)])
+            w.writerow([name, *(b.get(k) for k in keys)])       # replay summaries have no timing
         write_text_atomic(self.dir / "summary.csv", buf.getvalue())
 
 
@@ -137,16 +194,28 @@ def hydra_sweep() -> dict | None:
     return {"name": name, "overrides": overrides, "params": params}
 
 
-def wandb_run_args(config: dict, out_dir: Path) -> dict:
-    """group (the sweep), job_type (the task) and the config W&B runs get: the resolved config, `sweep` (its
-    swept keys) and `run_info` (DIR/run_info.json when written). Shared by eval runs and Lightning's logger."""
+def run_name(base: str) -> str:
+    """A W&B run's display name: `base` (drafter-target), and in a multirun the job's overrides after it, so that
+    every job of a sweep has a name of its own."""
+    sweep = hydra_sweep()
+    if not sweep or not sweep["overrides"]:
+        return base
+    return f"{base} " + ",".join(f"{k}={v}" for k, v in sweep["overrides"].items())
+
+
+def wandb_run_args(config: dict, out_dir: Path, job_type: str | None = None) -> dict:
+    """group (the sweep), job_type (the task, or `job_type`: `grid` for the cells of replay.fusion_grid) and the
+    config W&B runs get: the resolved config, `sweep` (its swept keys), `run_info` (DIR/run_info.json when written)
+    and `command` (the running command, command_record). Shared by every task's runs and Lightning's logger."""
     sweep = hydra_sweep()
     info = Path(out_dir) / "run_info.json"
     extra = {"sweep": sweep} if sweep else {}
     if info.is_file():
         extra["run_info"] = json.loads(info.read_text())
-    return {"group": sweep["name"] if sweep else None, "job_type": (config.get("task") or {}).get("name"),
-            "config": {**config, **extra}}
+    if COMMAND.get() is not None:
+        extra["command"] = COMMAND.get()
+    return {"group": sweep["name"] if sweep else None,
+            "job_type": job_type or (config.get("task") or {}).get("name"), "config": {**config, **extra}}
 
 
 MODES = ("online", "offline", "disabled")          # least private first
@@ -169,7 +238,7 @@ def wandb_mode(configured: str | None, environ) -> str:
 
 
 class WandbLogger(NoLogger):
-    def __init__(self, cfg, out_dir: Path, config: dict, name: str):
+    def __init__(self, cfg, out_dir: Path, config: dict, name: str, job_type: str | None = None):
         import wandb
 
         mode = wandb_mode(cfg.get("mode"), os.environ)
@@ -181,7 +250,8 @@ class WandbLogger(NoLogger):
             _warn(f"W&B server {server} is unreachable; {offline}")
             mode = "offline"
         kw = dict(project=cfg.project, entity=cfg.get("entity"), name=name, dir=str(out_dir),
-                  tags=list(cfg.get("tags") or []), reinit="finish_previous", **wandb_run_args(config, out_dir))
+                  tags=list(cfg.get("tags") or []), reinit="finish_previous",
+                  **wandb_run_args(config, out_dir, job_type))
         try:
             self.run = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=30), **kw)
         except Exception as e:                           # wandb's own error types (CommError, UsageError, ...)
@@ -214,6 +284,8 @@ class WandbLogger(NoLogger):
             for k, n in enumerate(b.get("tau_histogram") or []):
                 hist[k + 1] += n
         self.run.summary.update({f"eval/macro/{k}": v for k, v in summary["macro"].items()})
+        # K of this run (its block size - 1, or its draft cap): acceptance panels read positions 1..K of each run
+        self.run.summary["eval/num_draft_tokens"] = summary.get("num_draft_tokens")
         rates = [b.get("accept_rate_per_position") or [] for b in summary["benchmarks"].values()]
         for k in range(max((len(r) for r in rates), default=0)):
             vals = [r[k] for r in rates if k < len(r) and r[k] is not None]
@@ -225,16 +297,42 @@ class WandbLogger(NoLogger):
                       "eval/tau_histogram_plot": wandb.plot.bar(tau_hist, "tokens_committed", "rounds",
                                                                 title="rounds by tokens committed")})
 
+    def comparison(self, result):
+        """task=compare: per benchmark and macro `compare/<benchmark>/<delta|delta_ci_lo|delta_ci_hi|tau_a|tau_b|
+        a_wins|ties|b_wins|num_prompts>` in the summary, and the table `compare/summary`."""
+        cols = ["benchmark", "num_prompts", "tau_a", "tau_b", "delta", "delta_ci_lo", "delta_ci_hi", "a_wins", "ties",
+                "b_wins"]
+        table = self.wandb.Table(columns=cols)
+        for name, c in [*result["benchmarks"].items(), ("macro", result["macro"])]:
+            ci = c.get("delta_ci95") or [None, None]
+            row = {**c, "delta_ci_lo": ci[0], "delta_ci_hi": ci[1]}
+            table.add_data(name, *(row.get(k) for k in cols[1:]))
+            self.run.summary.update({f"compare/{name}/{k}": row.get(k) for k in cols[1:] if k in row})
+        self.run.summary.update({"compare/a": result["a"], "compare/b": result["b"],
+                                 "compare/turns_with_different_outputs": result["turns_with_different_outputs"]})
+        self.run.log({"compare/summary": table})
+
+    def artifact(self, kind, files):
+        """The run's result files (summary.json, samples.jsonl, ...) as one artifact of type `results`, named
+        after the task and the run (W&B versions it when the same run logs again, e.g. resumed)."""
+        art = self.wandb.Artifact(f"{kind}-{self.run.id}", type="results")
+        for f in files:
+            if Path(f).is_file():
+                art.add_file(str(f))
+        self.run.log_artifact(art)
+
     def finish(self):
         self.run.finish()
 
 
-def make_logger(cfg, out_dir: Path, config: dict, name: str):
+def make_logger(cfg, out_dir: Path, config: dict, name: str, job_type: str | None = None):
+    """The logger `cfg` (logger.*) names, for a run writing into `out_dir`; `name` is the W&B run's name (a
+    multirun job's overrides are appended, run_name) and `job_type` overrides the task's name as its job type."""
     one_of("logger.name", cfg.name, ("none", "csv", "wandb"))
     if cfg.name == "csv":
         return CSVLogger(out_dir)
     if cfg.name == "wandb":
-        return WandbLogger(cfg, out_dir, config, name)
+        return WandbLogger(cfg, out_dir, config, run_name(name), job_type)
     return NoLogger()
 
 

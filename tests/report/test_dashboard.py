@@ -51,3 +51,21 @@ def test_cli_push_without_a_key_is_one_line(tmp_path):
     lines = [x for x in p.stderr.splitlines() if x.strip() and "warn" not in x.lower()]
     assert lines == [f"specexp: error: dashboard.push=true needs a W&B key: set WANDB_API_KEY (the spec is saved "
                      f"offline in {tmp_path / 'dashboard.json'})"]
+
+
+def test_replay_runs_are_in_the_panels_and_positions_follow_the_block_size(tmp_path, cfg_factory, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    from specexp.report.dashboard import REPORTS, configured_positions
+
+    filters = {key: f for key, _, _, f in REPORTS}
+    assert all("'replay'" in filters[k] for k in ("tau", "alpha_beta", "acceptance"))
+    assert "'grid'" in filters["alpha_beta"]
+    spec = json.loads(SNAPSHOT.read_text())                        # the snapshot is what the spec builds
+    runsets = [f for r in spec["reports"] for b in r["spec"]["blocks"] if b["type"] == "panel-grid"
+               for f in b["metadata"]["runSets"][0]["filters"]["filters"] if f["key"]["name"] == "jobType"]
+    assert [f["value"] for f in runsets][:3] == [["eval", "replay", "grid", "merge"], ["eval", "replay", "grid"],
+                                                  ["eval", "replay", "grid", "merge"]]
+    assert configured_positions() == 15                             # the largest block_size of conf/ is 16
+    run_dashboard(cfg_factory("task=dashboard", "dashboard.max_position=7"), tmp_path)
+    text = (tmp_path / "dashboard.json").read_text()
+    assert "eval/macro/accept_k7" in text and "eval/macro/accept_k8" not in text

@@ -116,3 +116,54 @@ def test_no_runs_is_one_line(tmp_path, cfg_factory):
     with pytest.raises(UserError, match=r"report.runs is empty; give one or more run or sweep directories") as e:
         page.run_report(cfg_factory("task=report"), tmp_path)
     assert "\n" not in str(e.value) and not (tmp_path / "index.html").exists()
+
+
+def one_prompt_replay() -> dict:
+    """A replay summary of one prompt per benchmark, made by the evaluator's own summary: each CI is [τ, τ], and the
+    macro CI's upper end comes out 4e-16 below macro τ (the bootstrap's mean and the summary's mean round apart)."""
+    from specexp.eval.evaluator import summarize_records
+
+    lengths = {"gsm8k": [5, 4, 7, 0, 6, 3, 1, 2, 0], "math500": [6, 5, 0, 3, 0, 0, 1, 3], "mbpp": [3, 4, 4]}
+    recs = [{"id": "0", "benchmark": b, "turn": 0, "accept_lengths": al, "tau": None, "new_tokens": sum(al) + len(al),
+             "drafted": [7] * len(al), "near_tie_rounds": 0, "rounds": len(al), "tf_argmax_mismatches": 0}
+            for b, al in lengths.items()]
+    header = {"target": "tiny", "drafter": "dflash", "mode": "replay", "max_new_tokens": 64, "num_draft_tokens": 7,
+              "decoding": {"protocol": "greedy", "temperature": 0.0}}
+    return summarize_records(recs, list(lengths), header)
+
+
+def test_a_zero_width_ci_below_rounding_draws(tmp_path, cfg_factory):
+    """One prompt per benchmark: `'yerr' must not contain negative values` before the error bars were clamped."""
+    s = one_prompt_replay()
+    assert s["macro"]["tau_ci95"][1] < s["macro"]["tau"]           # the case itself: a negative upper bar length
+    run = tmp_path / "replay"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps(s))
+    index = _render(tmp_path, cfg_factory, [run])
+    assert (index.parent / "figures" / "tau_by_benchmark.png").stat().st_size > 1000
+    from specexp.report.plots import ci_error
+
+    assert ci_error(2.0, [2.0 + 1e-16, 2.0 - 1e-16]) == (0.0, 0.0) and ci_error(2.0, [1.5, 2.25]) == (0.5, 0.25)
+    assert ci_error(2.0, None) == (0.0, 0.0)
+
+
+@pytest.mark.slow
+def test_online_and_replay_runs_never_share_a_chart_and_mixed_benchmark_sets_are_flagged(tmp_path, cfg_factory):
+    runs = make_inputs(tmp_path)[:1]                               # online: gsm8k and mbpp
+    for name, s in (("replay", one_prompt_replay()), ("other", summary("drafter_b", 1.2))):
+        if name == "other":
+            del s["benchmarks"]["mbpp"]                            # online too, gsm8k only
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(s))
+        runs.append(tmp_path / name)
+    text = _render(tmp_path, cfg_factory, runs).read_text()
+    assert "τ and speedup by benchmark and drafter (online runs)" in text
+    assert "τ and speedup by benchmark and drafter (replay runs)" in text
+    online, replay = text.split("(replay runs)</h2>", 1)
+    assert "drafter_a" in online and "drafter_b" in online and "dflash (replay)" not in online
+    assert "dflash (replay)" in replay and "drafter_a" not in replay.split("<h2>Sweep")[0]
+    assert re.findall(r'src="(figures/tau_by_benchmark[^"]*)"', text) == ["figures/tau_by_benchmark.png",
+                                                                          "figures/tau_by_benchmark_replay.png"]
+    # the two online runs average different benchmarks: flagged; the replay group alone is not
+    assert "† (2 of 2)" in online and "† (1 of 2)" in online and "macro τ over different benchmark sets" in online
+    assert "†" not in replay

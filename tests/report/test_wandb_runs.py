@@ -3,6 +3,7 @@ run_info, per-benchmark keys, acceptance and τ-histogram tables and plots), mul
 swept keys in config) and training runs (Lightning's W&B logger, cost keys, the checkpoint as an artifact)."""
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -60,6 +61,50 @@ def test_eval_run_logs_the_dashboard_keys(spy, cfg_factory, tmp_path):
     assert {"eval/summary", "eval/acceptance", "eval/tau_histogram", "eval/acceptance_curves",
             "eval/tau_histogram_plot"} <= spy["logged"]
     assert any((tmp_path / "wandb").glob("offline-run-*/*.wandb"))
+    ((name, files),) = [(n, f) for n, kind, f in spy["artifacts"] if kind == "results"]   # (tables travel as others)
+    assert name.startswith("eval-") and files == ["samples.jsonl", "summary.json"]
+
+
+@pytest.mark.slow
+def test_replay_grid_merge_and_compare_runs_log_like_eval(spy, cfg_factory, tmp_path, monkeypatch):
+    """Every task with results logs: replay (job type replay), its shards merged (merge), the two compared
+    (compare), and a fusion grid (one run per cell, job type grid, each cell's weights in its config)."""
+    from helpers import DELS
+    from specexp.eval.compare import run_compare
+    from specexp.eval.fusion_grid import run_grid
+    from specexp.eval.merge import run_merge
+    from specexp.eval.replay import run_replay
+
+    common = [*SMALL, "task=replay", "benchmark=all", "benchmark.names=[gsm8k,mbpp]", "eval.num_samples=2",
+              f"paths.cache={tmp_path / 'cache'}"]
+    full = run_replay(cfg_factory(*common), tmp_path / "full")
+    for i in (0, 1):
+        run_replay(cfg_factory(*common, "logger=none", f"eval.shard={i}/2"), tmp_path / f"s{i}")
+    merged = run_merge(cfg_factory("task=merge", "logger=wandb", f"merge.runs=[{tmp_path / 's0'},{tmp_path / 's1'}]"),
+                       tmp_path / "merged")
+    run_compare(cfg_factory("task=compare", "logger=wandb", f"compare.a={tmp_path / 'full'}",
+                            f"compare.b={tmp_path / 'merged'}"), tmp_path / "cmp")
+    grid = [*common, "drafter=dels_rnn", *DELS, "replay.fusion_grid.alpha=[0,1]", "replay.fusion_grid.beta=[0.5]"]
+    run_grid(cfg_factory(*grid), tmp_path / "grid")
+    assert [kw["job_type"] for kw in spy["init"]] == ["replay", "merge", "compare", "grid", "grid"]
+    assert [kw["config"]["fusion"]["alpha"] for kw in spy["init"][3:]] == [0.0, 1.0]
+    assert [kw["name"] for kw in spy["init"][3:]] == ["dels_rnn-tiny_qwen3 a0_b0.5", "dels_rnn-tiny_qwen3 a1_b0.5"]
+    replay, merge, compare, *cells = spy["summary"]
+    for summary, expected in ((replay, full), (merge, merged)):        # the summary.json numbers, key by key
+        assert summary["eval/macro/tau"] == expected["macro"]["tau"]
+        assert summary["eval/gsm8k/tau_ci_lo"] == expected["benchmarks"]["gsm8k"]["tau_ci95"][0]
+        assert summary["eval/num_draft_tokens"] == expected["num_draft_tokens"] == 15
+        rates = [b["accept_rate_per_position"] for b in expected["benchmarks"].values()]
+        k = max(i + 1 for r in rates for i, x in enumerate(r) if x is not None)     # the positions the budget reached
+        assert f"eval/macro/accept_k{k}" in summary and f"eval/macro/accept_k{k + 1}" not in summary and k < 15
+    result = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert compare["compare/macro/delta"] == result["macro"]["delta"] == 0.0      # the same run, sharded or not
+    assert compare["compare/gsm8k/delta_ci_lo"] == result["benchmarks"]["gsm8k"]["delta_ci95"][0]
+    assert all("eval/macro/tau" in c for c in cells) and "compare/summary" in spy["logged"]
+    kinds = [(name.split("-")[0], files) for name, kind, files in spy["artifacts"] if kind == "results"]
+    assert kinds == [("replay", ["samples.jsonl", "summary.json"]), ("merge", ["samples.jsonl", "summary.json"]),
+                     ("compare", ["compare.json", "compare.md"]), ("grid", ["samples.jsonl", "summary.json"]),
+                     ("grid", ["samples.jsonl", "summary.json"])]
 
 
 @pytest.mark.slow
@@ -75,6 +120,12 @@ def test_multirun_jobs_are_one_group_with_the_swept_keys(spy, tmp_path, monkeypa
         GlobalHydra.instance().clear()
     assert [kw["group"] for kw in spy["init"]] == ["my_sweep", "my_sweep"]
     assert [kw["config"]["sweep"]["overrides"]["eval.max_new_tokens"] for kw in spy["init"]] == ["4", "5"]
+    names = [kw["name"] for kw in spy["init"]]                     # one name per job: its overrides
+    assert len(set(names)) == 2 and all(n.startswith("dflash-tiny_qwen3 ") for n in names)
+    assert [[o for o in n.split(" ", 1)[1].split(",") if o.startswith("eval.max_new")] for n in names] == [
+        ["eval.max_new_tokens=4"], ["eval.max_new_tokens=5"]]
+    assert [kw["config"]["command"]["rerun"].split()[-1] for kw in spy["init"]] == [
+        f"hydra.run.dir={tmp_path / 'my_sweep' / str(i)}" for i in (0, 1)]
 
 
 @pytest.mark.slow

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from ..errors import check
-from ..tracking import write_json, write_text_atomic
+from ..tracking import make_logger, write_json, write_text_atomic
 from . import metrics
 from .store import claimed_for, read_json, run_records
 
@@ -72,5 +74,9 @@ def run_compare(cfg, out_dir) -> dict:
     with claimed_for(out_dir, "compare") as d:       # never into another run's directory, nor while one runs there
         write_json(d / "compare.json", result)
         write_text_atomic(d / "compare.md", md)
+        logger = make_logger(cfg.logger, d, OmegaConf.to_container(cfg, resolve=True), name="compare")
+        logger.comparison(result)           # job type compare: compare/<benchmark>/delta, its CI, wins
+        logger.artifact("compare", [d / "compare.json", d / "compare.md"])
+        logger.finish()
     print(md, flush=True)
     return {"macro": {"tau": result["macro"]["delta"]}}

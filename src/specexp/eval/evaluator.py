@@ -8,6 +8,7 @@ Files in the run directory (the results contract; see docs/architecture.md):
   summary.md      the table printed to the terminal
   config.yaml     the resolved config;  run_info.json  git SHA, package versions, device
   run.json        what the results depend on (settings, samples and their prompts); .lock  held while running
+  command.json    the command line and a `rerun` line (tracking.command_record; written when the store claims DIR)
 """
 from __future__ import annotations
 
@@ -262,6 +263,7 @@ def run_eval(cfg, out_dir: Path) -> dict:
         write_json(out_dir / "summary.json", summary)
         write_text_atomic(out_dir / "summary.md", md)
         logger.summary(summary)
+        logger.artifact("eval", [out_dir / "summary.json", out_dir / "samples.jsonl"])
         logger.finish()
     print(md, flush=True)
     return summary

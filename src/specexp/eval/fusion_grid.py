@@ -29,7 +29,7 @@ from ..drafters.dels import DeLSDrafter
 from ..errors import check
 from ..report.tables import summary_markdown
 from ..targets import resolve_device
-from ..tracking import write_json, write_text_atomic
+from ..tracking import make_logger, run_info, write_json, write_text_atomic
 from . import shards
 from .references import turns_with_prompts
 from .replay import (
@@ -110,8 +110,10 @@ def run_grid(cfg, out_dir: Path) -> dict:
         stores = [stack.enter_context(ResultStore(out_dir / cell_name(*c), run_settings(cc, refs), samples,
                                                   shards.entry(selected, shard)))
                   for c, cc in zip(cells, cfgs)]
+        info = {**run_info(device), "target_source": target.source, "references": str(refs.dir)}
         for c, cc, store in zip(cells, cfgs, stores):
             write_text_atomic(store.dir / "config.yaml", OmegaConf.to_yaml(cc, resolve=True))
+            write_json(store.dir / "run_info.json", info)
         done_by = [s.done() for s in stores]                  # only this loop appends: computed once
         todo = [s for s in samples if any((s.benchmark, s.id) not in d for d in done_by)]
         bar = tqdm(todo, desc=f"alpha/beta grid ({len(cells)} cells) of {cfg.drafter.name} on {target.name}",
@@ -134,6 +136,12 @@ def run_grid(cfg, out_dir: Path) -> dict:
             write_json(store.dir / "summary.json", summary)
             write_text_atomic(store.dir / "summary.md", summary_markdown(summary))
             out[cell_name(*c)] = summary
+        for c, cc, store in zip(cells, cfgs, stores):   # one W&B run per cell (job type grid): Figure 2's points
+            logger = make_logger(cc.logger, store.dir, OmegaConf.to_container(cc, resolve=True),
+                                 name=f"{cfg.drafter.name}-{target.name} {cell_name(*c)}", job_type="grid")
+            logger.summary(out[cell_name(*c)])
+            logger.artifact("grid", [store.dir / "summary.json", store.dir / "samples.jsonl"])
+            logger.finish()
     md = grid_markdown(cells, out, cfg.drafter.name)
     write_text_atomic(out_dir / "grid.md", md)
     print(md, flush=True)

@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 from .. import registry
 from ..errors import UserError, check
 from ..report.tables import summary_markdown
-from ..tracking import run_info, write_json, write_text_atomic
+from ..tracking import make_logger, record_command, run_info, write_json, write_text_atomic
 from .evaluator import SUMMARY_HEADER, summarize_records
 from .shards import Shard, part
 from .store import FORMAT, LOCK, RUN, SAMPLES, SUMMARY, lock, read_records, read_text, settings_diff
@@ -213,6 +213,7 @@ def run_merge(cfg, out_dir) -> dict:
         run, records = merged(runs)
         text = "".join(json.dumps(r) + "\n" for r in records)
         _claim(out, run, text)
+        record_command(out)
         first = runs[0]
         header = {k: first.summary[k] for k in SUMMARY_HEADER}
         if all("target_dtype" in r.summary for r in runs):         # one dtype: run.json's settings are the same
@@ -238,6 +239,12 @@ def run_merge(cfg, out_dir) -> dict:
         write_json(out / RUN_INFO, info)
         write_json(out / SUMMARY, summary)
         write_text_atomic(out / "summary.md", md)
+        # W&B (job type merge): the merged run's config (the shards' task, drafter, ...) and summary
+        logger = make_logger(cfg.logger, out, OmegaConf.to_container(config, resolve=True),
+                             name=f"{summary['drafter']}-{summary['target']}", job_type="merge")
+        logger.summary(summary)
+        logger.artifact("merge", [out / SUMMARY, out / SAMPLES])
+        logger.finish()
     finally:
         for f in held:
             f.close()

@@ -42,7 +42,7 @@ from ..decoding.tree import follow
 from ..errors import check
 from ..report.tables import summary_markdown
 from ..targets import resolve_device, target_settings
-from ..tracking import run_info, write_json, write_text_atomic
+from ..tracking import make_logger, run_info, write_json, write_text_atomic
 from . import metrics, shards
 from .references import ReferenceStore, compute_reference, set_fingerprint, turns_with_prompts
 from .store import ResultStore
@@ -288,6 +288,8 @@ def run_replay(cfg, out_dir) -> dict:
         write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         write_json(out_dir / "run_info.json", {**run_info(device), "target_source": target.source,
                                                "references": str(refs.dir)})
+        logger = make_logger(cfg.logger, out_dir, OmegaConf.to_container(cfg, resolve=True),
+                             name=f"{cfg.drafter.name}-{target.name}")
         done = store.done()
         todo = [s for s in samples if (s.benchmark, s.id) not in done]
         bar = tqdm(todo, desc=f"replay {cfg.drafter.name} on {target.name}", unit="sample",
@@ -309,5 +311,8 @@ def run_replay(cfg, out_dir) -> dict:
         md = summary_markdown(summary)
         write_json(out_dir / "summary.json", summary)
         write_text_atomic(out_dir / "summary.md", md)
+        logger.summary(summary)             # the eval/... keys the dashboards read; job type replay
+        logger.artifact("replay", [out_dir / "summary.json", out_dir / "samples.jsonl"])
+        logger.finish()
     print(md, flush=True)
     return summary

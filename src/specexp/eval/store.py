@@ -36,7 +36,7 @@ from pathlib import Path
 
 from .. import files
 from ..errors import UserError, check
-from ..tracking import write_json, write_text_atomic
+from ..tracking import record_command, write_json, write_text_atomic
 
 FORMAT = 2                   # run.json layout; format 1 (a flat fingerprint, no samples) is refused as different
 LOCK, RUN, SAMPLES, SUMMARY = ".lock", "run.json", "samples.jsonl", "summary.json"
@@ -219,6 +219,9 @@ def claimed_for(out_dir, task: str):
             raise UserError(f"hydra.run.dir={d} holds another run's results ({found[0]}); task={task} writes its "
                             f"files into a directory of its own: choose another hydra.run.dir")
         yield d
+        # Recorded once the task succeeded: these tasks may still refuse their input after claiming (a training
+        # corpus is read inside), and a refused command leaves the directory as it was.
+        record_command(d)
     finally:
         held.close()
 
@@ -268,6 +271,7 @@ class ResultStore:
         if torn or len(self.records) != len(records):
             write_text_atomic(self.samples_file, "".join(json.dumps(r) + "\n" for r in self.records))
         write_json(run_file, wanted)
+        record_command(self.dir)            # command.json: the command line that wrote (or resumed) the run
         self._lock.seek(0)
         self._lock.truncate()
         self._lock.write(f"{os.getpid()}\n")

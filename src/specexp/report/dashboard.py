@@ -9,11 +9,17 @@ against a snapshot); `dashboard.push=true` saves the workspace and the reports t
 
 What the panels read, i.e. what the runs log (tracking.py; training through Lightning's W&B logger):
 
-  runs         job_type = the task (eval, replay, train), group = the sweep for multirun jobs, config = the
-               resolved config (so `drafter.name`, `fusion.alpha`, ... are config keys) + run_info
-  eval         summary `eval/<benchmark>/<tau|tau_ci_lo|tau_ci_hi|speedup|tpot_ms|ttft_ms|lossless_mismatches>`,
-               `eval/macro/<tau|speedup>`, `eval/macro/accept_k<k>` (P(draft k accepted), mean over benchmarks);
-               tables `eval/summary` (per benchmark), `eval/acceptance` and `eval/tau_histogram`
+  runs         job_type = the task (eval, replay, merge, compare, train; `grid` for each cell of
+               replay.fusion_grid), group = the sweep for multirun jobs, name = drafter-target (+ a multirun job's
+               overrides, + a grid cell's name), config = the resolved config (so `drafter.name`, `fusion.alpha`,
+               ... are config keys) + run_info + command
+  eval         eval, replay, grid and merge runs: summary `eval/<benchmark>/<tau|tau_ci_lo|tau_ci_hi|speedup|
+               tpot_ms|ttft_ms|lossless_mismatches>` (no timing for replay), `eval/macro/<tau|speedup>`,
+               `eval/macro/accept_k<k>` for k = 1..the run's K (P(draft k accepted), mean over benchmarks),
+               `eval/num_draft_tokens` (K); tables `eval/summary`, `eval/acceptance`, `eval/tau_histogram`; the
+               run's summary.json and samples.jsonl as an artifact (type `results`)
+  compare      summary `compare/<benchmark|macro>/<delta|delta_ci_lo|delta_ci_hi|tau_a|tau_b|a_wins|ties|b_wins>`,
+               table `compare/summary`
   train        history `train/loss`, `train/acc`, `train/acc_k<k>`, `train/tau_sim`, `lr-*`, `train/throughput`;
                summary `train/train_seconds`, `train/peak_memory_mb`, `train/trainable_params`, `train/steps`
 """
@@ -25,7 +31,9 @@ from ..errors import check
 from ..eval.store import claimed_for, read_json
 from ..tracking import write_json
 
-EVAL_FILTER = "JobType = 'eval'"
+# Online runs (timing, speedup) and every run with a τ summary: replay, a fusion grid's cells, merged shards
+TAU_FILTER = "JobType in ['eval', 'replay', 'grid', 'merge']"
+GRID_FILTER = "JobType in ['eval', 'replay', 'grid']"
 TRAIN_FILTER = "JobType = 'train'"
 TRAIN_HISTORY = ["train/loss", "train/acc", "train/tau_sim", "train/throughput"]
 COST = ["train/train_seconds", "train/peak_memory_mb", "train/trainable_params"]
@@ -61,14 +69,14 @@ def _panels(wr, benchmarks: list[str], positions: int, sweep_group: str | None) 
 # (key, report title, introduction, runset filter)
 REPORTS = [
     ("tau", "τ and speedup by benchmark and drafter (DFlash Table 1, DeLS-Spec Table 3)",
-     "τ includes the bonus token; speedup = mean AR TPOT / mean TPOT on the same prompts; one bar per drafter.",
-     EVAL_FILTER),
+     "τ includes the bonus token; speedup = mean AR TPOT / mean TPOT on the same prompts (online runs only: "
+     "replay runs have τ, no timing); one bar per drafter.", TAU_FILTER),
     ("alpha_beta", "DeLS-Spec Figure 2: macro τ over the α/β grid of a sweep",
-     "One point per sweep job (group = the sweep): α (local head) against β (prior), coloured by macro τ.",
-     EVAL_FILTER),
+     "One point per sweep job or fusion-grid cell (group = the sweep): α (local head) against β (prior), "
+     "coloured by macro τ; online and replay runs alike.", GRID_FILTER),
     ("acceptance", "Acceptance by draft position and τ histograms",
-     "Unconditional P(draft k accepted), mean over benchmarks; the per-benchmark curves and histograms are the "
-     "runs' logged tables.", EVAL_FILTER),
+     "Unconditional P(draft k accepted), mean over benchmarks, for k = 1 .. each run's K (a run logs its own "
+     "positions); the per-benchmark curves and histograms are the runs' logged tables.", TAU_FILTER),
     ("training", "Training curves", "Loss, accuracy, simulated τ, throughput and learning rate per step "
      "(Lightning's W&B logger).", TRAIN_FILTER),
     ("cost", "Training cost (DeLS-Spec Table 5)", "Wall time, peak memory and trainable parameters of each "
@@ -102,6 +110,24 @@ def build(project: str, entity: str, benchmarks: list[str], positions: int, swee
     return workspace, reports
 
 
+def _block_sizes(node) -> list[int]:
+    if isinstance(node, dict):
+        return [v for k, v in node.items() if k == "block_size" and isinstance(v, int)] + \
+            [b for v in node.values() for b in _block_sizes(v)]
+    return []
+
+
+def configured_positions() -> int:
+    """The most draft positions any configured drafter has: the largest `block_size` of the drafter and experiment
+    option files (plugins' included) minus one (a block of B holds the anchor and B − 1 drafts). The acceptance
+    panels span 1..this; each run logs `eval/macro/accept_k<k>` for its own K only (eval/num_draft_tokens), so a
+    block-8 run fills positions 1..7 and a block-16 run 1..15."""
+    from ..config import option_tree, options
+
+    sizes = [b for g in ("drafter", "experiment") for name in options(g) for b in _block_sizes(option_tree(g, name))]
+    return max(sizes, default=16) - 1
+
+
 def _stable_ids(node, seen: dict):
     """Replace wandb-workspaces' random ids (`id`, `__id__`) by `id0, id1, ...` in order of appearance (the same
     random id maps to the same stable one), so the spec is reproducible."""
@@ -127,7 +153,8 @@ def run_dashboard(cfg, out_dir) -> dict:
         import wandb_workspaces  # noqa: F401
     except ImportError:
         check(False, "task=dashboard needs wandb-workspaces: pip install -e '.[dashboards]'")
-    benchmarks, positions = list(cfg.benchmark.names), int(d.max_position)
+    benchmarks = list(cfg.benchmark.names)
+    positions = int(d.max_position) if d.max_position is not None else configured_positions()
     workspace, reports = build(d.project, d.entity or "", benchmarks, positions, d.sweep_group)
     with claimed_for(out_dir, "dashboard") as out:  # never into another run's directory (eval/store.py)
         path = out / "dashboard.json"

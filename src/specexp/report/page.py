@@ -15,8 +15,11 @@ NAME labels it on the page) and is one of (recognised by the files it holds; not
 The run directory gets `index.html` and `figures/*.png` (plots.py), relative links only, so the page opens from
 disk in any browser, offline, and regenerates from the same directories at any time. Tables: τ per benchmark
 and drafter (DFlash Table 1 / DeLS-Spec Table 3 layout), each run's benchmark table (τ with its 95% CI, speedup,
-TPOT, TTFT, lossless mismatches), each sweep's grid, the training cost (DeLS-Spec Table 5). A script at the end
-of the page records, once it has loaded, how many of its figures decoded (`data-figures-loaded` on <body>).
+TPOT, TTFT, lossless mismatches), each sweep's grid, the training cost (DeLS-Spec Table 5). Online and replay runs
+get separate tables and charts (their τ do not mix: replay has no timing and agrees with decoding only up to
+near-ties); a macro τ over another benchmark set than its neighbours' is flagged (†) with how many it averages.
+A script at the end of the page records, once it has loaded, how many of its figures decoded
+(`data-figures-loaded` on <body>).
 """
 from __future__ import annotations
 
@@ -185,15 +188,41 @@ def _figure(src: str, caption: str) -> str:
             f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
+MODES = (("online", "decoded by the engine"), ("replay", "replayed on the target's greedy references, no timing"))
+
+
+def by_mode(runs: dict[str, dict]) -> dict[str, dict[str, dict]]:
+    """{mode: {label: summary}} in MODES order: online and replay runs never share a chart or a table (replay τ is
+    exact only up to near-ties and has no speedup)."""
+    return {m: r for m, _ in MODES if (r := {k: s for k, s in runs.items() if s.get("mode", "online") == m})}
+
+
+def _covered(s: dict) -> tuple:
+    return tuple(sorted(b for b, v in s["benchmarks"].items() if v.get("tau") is not None))
+
+
+def mixed_benchmark_sets(runs: dict[str, dict]) -> bool:
+    """Whether the runs' macro τ are means over different benchmark sets (then they do not compare)."""
+    return len({_covered(s) for s in runs.values()}) > 1
+
+
 def drafter_table(runs: dict[str, dict]) -> str:
-    """Rows = runs, columns = benchmarks (τ), macro τ with its CI, macro speedup: the Table 1 / Table 3 layout."""
+    """Rows = runs, columns = benchmarks (τ), macro τ with its CI, macro speedup: the Table 1 / Table 3 layout.
+    When the runs cover different benchmark sets, each macro τ is flagged with † and the number it averages."""
     benches = list(dict.fromkeys(b for s in runs.values() for b in s["benchmarks"]))
+    mixed = mixed_benchmark_sets(runs)
     rows = []
     for label, s in runs.items():
         m = s["macro"]
+        flag = f"† ({len(_covered(s))} of {len(benches)})" if mixed else ""
         rows.append([html.escape(label), *(_f(s["benchmarks"].get(b, {}).get("tau"), ".3f") for b in benches),
-                     f"<b>{_f(m.get('tau'), '.3f')}</b>", _ci(m.get("tau_ci95")), _f(m.get("speedup"), ".2f", "×")])
-    return _table(["run", *benches, "macro τ", "macro τ 95% CI", "macro speedup"], rows, "num")
+                     f"<b>{_f(m.get('tau'), '.3f')}</b>{flag}", _ci(m.get("tau_ci95")),
+                     _f(m.get("speedup"), ".2f", "×")])
+    table = _table(["run", *benches, "macro τ", "macro τ 95% CI", "macro speedup"], rows, "num")
+    if mixed:
+        table += ('<p class="note mixed">† macro τ over different benchmark sets (the mean over the benchmarks '
+                  'each run evaluated): these macro values do not compare; compare the per-benchmark columns.</p>')
+    return table
 
 
 def run_table(s: dict) -> str:
@@ -283,18 +312,22 @@ def render(inputs: Inputs, out_dir: Path, title: str, sources: list[str]) -> Pat
             '<p class="note">From: ' + ", ".join(f"<code>{html.escape(s)}</code>" for s in sources) + ". τ = tokens "
             "committed per target verification (accepted drafts + the bonus token); 95% CI: bootstrap over prompts; "
             "speedup = mean AR TPOT / mean TPOT, same engine, same prompts (none for replay runs).</p>"]
-    if inputs.runs:
-        runs = inputs.runs
-        body += ["<h2>τ and speedup by benchmark and drafter</h2>", drafter_table(runs),
-                 _figure(f"figures/{plots.tau_by_benchmark(runs, fig_dir / 'tau_by_benchmark.png').name}",
-                         "τ per benchmark and drafter, 95% bootstrap CI"),
-                 "<h2>Acceptance by draft position</h2>",
-                 _figure(f"figures/{plots.acceptance_curves(runs, fig_dir / 'acceptance.png').name}",
-                         "per-position acceptance, mean over benchmarks"),
-                 "<h2>τ histograms</h2>",
-                 _figure(f"figures/{plots.tau_histograms(runs, fig_dir / 'tau_histogram.png').name}",
-                         "share of rounds committing 1 .. K+1 tokens"),
-                 "<h2>Runs</h2>"]
+    groups = by_mode(inputs.runs)
+    for mode, runs in groups.items():           # online and replay runs: separate tables and charts
+        what = dict(MODES)[mode]
+        # the first group keeps the plain names (pages and links made before the split stay valid)
+        sfx, head = ("" if mode == next(iter(groups)) else f"_{mode}"), f" ({mode} runs)" if len(groups) > 1 else ""
+        tau_fig = plots.tau_by_benchmark(runs, fig_dir / f"tau_by_benchmark{sfx}.png", f"τ by benchmark, {mode}")
+        body += [f"<h2>τ and speedup by benchmark and drafter{head}</h2>",
+                 f'<p class="note">{html.escape(mode)}: {html.escape(what)}.</p>', drafter_table(runs),
+                 _figure(f"figures/{tau_fig.name}", f"τ per benchmark and drafter ({mode}), 95% bootstrap CI"),
+                 f"<h2>Acceptance by draft position{head}</h2>",
+                 _figure(f"figures/{plots.acceptance_curves(runs, fig_dir / f'acceptance{sfx}.png').name}",
+                         f"per-position acceptance ({mode}), mean over benchmarks; each run up to its own K"),
+                 f"<h2>τ histograms{head}</h2>",
+                 _figure(f"figures/{plots.tau_histograms(runs, fig_dir / f'tau_histogram{sfx}.png').name}",
+                         f"share of rounds committing 1 .. K+1 tokens ({mode})"),
+                 f"<h2>Runs{head}</h2>"]
         for label, s in runs.items():
             body += [f"<h3>{html.escape(label)}</h3>", f'<p class="note">{html.escape(_setting(s))}</p>', run_table(s)]
     for i, sw in enumerate(inputs.sweeps):

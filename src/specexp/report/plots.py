@@ -32,13 +32,21 @@ def _save(fig, path) -> Path:
     return path
 
 
+def ci_error(y: float, ci) -> tuple[float, float]:
+    """Error-bar lengths (below, above) of `y` from its 95% interval `ci` ([lo, hi] or None), never negative:
+    with one prompt per benchmark the bootstrap interval is [τ, τ] and τ − lo can come out as −2e−16 after
+    rounding, which matplotlib refuses (`'yerr' must not contain negative values`)."""
+    lo, hi = ci if ci else (y, y)
+    return max(0.0, y - lo), max(0.0, hi - y)
+
+
 def _mean(xs) -> float | None:
     xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
     return sum(xs) / len(xs) if xs else None
 
 
 # ----------------------------------------------------------------------------------- eval runs (Tables 1, 3)
-def tau_by_benchmark(runs: dict[str, dict], path) -> Path:
+def tau_by_benchmark(runs: dict[str, dict], path, title: str = "τ by benchmark") -> Path:
     """Grouped bars: τ per benchmark (and macro) for each run (label -> summary), 95% bootstrap CI as error bars."""
     plt = _plt()
     benches = list(dict.fromkeys(b for s in runs.values() for b in s["benchmarks"])) + ["macro"]
@@ -50,15 +58,15 @@ def tau_by_benchmark(runs: dict[str, dict], path) -> Path:
             rec = s["macro"] if b == "macro" else s["benchmarks"].get(b)
             if not rec or rec.get("tau") is None:
                 continue
-            ci = rec.get("tau_ci95") or [rec["tau"], rec["tau"]]
+            below, above = ci_error(rec["tau"], rec.get("tau_ci95"))
             xs.append(j - 0.4 + width * (i + 0.5))
             ys.append(rec["tau"])
-            lo.append(rec["tau"] - ci[0])
-            hi.append(ci[1] - rec["tau"])
+            lo.append(below)
+            hi.append(above)
         ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=label)
     ax.set_xticks(range(len(benches)), benches, rotation=30, ha="right")
     ax.set_ylabel("τ (tokens per verification)")
-    ax.set_title("τ by benchmark (error bars: 95% bootstrap CI over prompts)")
+    ax.set_title(f"{title} (error bars: 95% bootstrap CI over prompts)")
     ax.axhline(1.0, color="k", lw=0.6)
     ax.set_ylim(bottom=0.9)
     ax.grid(axis="y", alpha=0.3)
@@ -202,7 +210,8 @@ def scaling_curve(series: dict[str, list[tuple[float, float, list[float] | None]
     for label, pts in series.items():
         pts = sorted(p for p in pts if p[1] is not None)
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-        err = [[y - (c[0] if c else y) for (_, y, c) in pts], [(c[1] if c else y) - y for (_, y, c) in pts]]
+        bars = [ci_error(y, c) for (_, y, c) in pts]
+        err = [[b[0] for b in bars], [b[1] for b in bars]]
         style = dict(color="k", lw=2, marker="o") if label == "macro" else dict(lw=1.2, marker=".")
         ax.errorbar(xs, ys, yerr=err, capsize=3, label=label, **style)
     ax.set_xscale("log")

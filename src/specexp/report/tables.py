@@ -63,3 +63,17 @@ def machine_line(summary: dict) -> str:
     more = "" if isinstance(m, dict) else f" (and {len(m) - 1} other machine(s): shards)"
     return (f"\nTarget in {summary.get('target_dtype', '?')} on {where} (CPU flags: {flags}; "
             f"{one['torch_threads']} torch threads){more}.\n")
+
+
+def multirun_markdown(jobs: list[dict], swept: list[str]) -> str:
+    """A multirun's table (cli.sweep_table builds `jobs`): one row per job, its swept overrides (the keys whose
+    values differ between jobs) -> macro τ with its 95% CI and macro speedup, as each job's summary.json has them;
+    a failed job shows its error line, a job of a task without a summary (train, a fusion grid) dashes."""
+    head = ["job", *swept, "macro τ", "τ 95% CI", "macro speedup", "status"]
+    rows = ["| " + " | ".join(head) + " |", "|---|" + "---|" * len(swept) + "---:|---|---:|---|"]
+    for j in jobs:
+        values = [str(j["swept"].get(k, "–")).replace("|", "\\|") for k in swept]
+        status = "failed: " + j["error"].replace("|", "\\|") if j.get("error") else "ok"
+        rows.append(f"| {j['job']} | " + " | ".join([*values, _f(j.get("tau"), ".3f"), ci(j.get("tau_ci95"), ".3f"),
+                                                     _f(j.get("speedup"), ".2f"), status]) + " |")
+    return "\n".join(rows) + "\n"
