@@ -172,12 +172,38 @@ def test_dels_table6_matches_the_committed_recipe_table(tmp_path):
     assert "| anchors per example | `drafter.head.train.num_anchors` | 256 | 512 | 256 | ✓ |" in out
     assert "| gradient accumulation | `train.accumulate` | 4 | – | 4 | ✓ |" in out
     assert "| learned α/β steps (Table 4) | `train.max_steps` | 10000 | – | 10000 | ✓ |" in out
-    assert "| sequences per optimizer step | `train.devices x train.accumulate` | – | 32 | 32 | = reference |" in out
+    assert ("| sequences per optimizer step | `train.devices x train.accumulate` | not stated | 32 | 32 | "
+            "= reference |") in out
+    assert "| α (§5.1) | `fusion.alpha` | 0.3 | 0.3 | 0.3 | ✓ |" in out
+    assert "| head block size (§5.3) | `drafter.block_size` | 16 | 16 | 16 | ✓ |" in out
+    # §5.7: Domino-FT by the Table 5 recipe (batch 1 x accumulation 4, 256 anchors), its other values not stated
+    domino = out.split("### experiment=paper_domino_ft_qwen3_8b:")[1].split("###")[0]
+    assert "| gradient accumulation | `train.accumulate` | 4 | – | 4 | ✓ |" in domino
+    assert "| anchors per example | `drafter.head.train.num_anchors` | 256 | 256 | 256 | ✓ |" in domino
+    assert "| batch size | `train.devices x train.num_nodes (x 1 per rank)` | 1 | – | 1 | ✓ |" in domino
+    assert "| lr | `train.lr` | not stated | 0.0006 | 0.0006 | = reference |" in domino
     assert "✗" not in out and "≠ reference" not in out
     for name in ("dels_rnn", "dels_markov", "domino_ft", "fusion_learned", "dflash"):
         for m in ("4b", "8b"):
             assert f"### experiment=paper_{name}_qwen3_{m}:" in out
     assert (ROOT / "experiments" / "results" / "paper_recipes.md").read_text() == (tmp_path / "r.md").read_text()
+
+
+def test_dels_table6_batch_row_reads_the_configured_ranks():
+    """The batch row compares the composed config's value (one sequence per rank x ranks), not a constant: two
+    devices print 2 (a ✗ against the paper's 1), 'auto' stays unresolved; the per-rank 1 is the training loader's."""
+    import importlib.util
+
+    from omegaconf import OmegaConf
+
+    spec = importlib.util.spec_from_file_location("dels_table6", ROOT / "experiments" / "dels_table6.py")
+    t6 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(t6)
+    cfg = lambda devices, nodes=1: OmegaConf.create({"train": {"devices": devices, "num_nodes": nodes}})  # noqa: E731
+    assert t6.value(cfg(1), t6.BATCH) == 1 and t6.value(cfg(2), t6.BATCH) == 2
+    assert t6.value(cfg([0, 1], 2), t6.BATCH) == 4
+    assert t6.value(cfg("auto"), t6.BATCH) == "1 per rank, auto devices x 1 nodes" and not t6.same(2, 1)
+    assert "batch_size=1," in (ROOT / "src" / "specexp" / "training" / "pipeline.py").read_text()  # PER_RANK_BATCH
 
 
 def test_dels_table7_learned_alpha_beta(tmp_path):
