@@ -268,8 +268,35 @@ def test_data_scaling_crossing_of_a_log_linear_curve():
     assert c["ci"] == pytest.approx((1e6, 1e6), rel=1e-6) and not c["reached"]
     flat = [{"tokens": t, "summary": {"macro": {"tau": 1.2, "tau_ci95": None}}} for t in (2e4, 5e4, 1e5)]
     assert ds.crossing(flat, "macro", 2.0)["tokens"] == float("inf")
-    assert "| macro | 1.6 | the last 2 points |" in ds.crossings_md(
-        [{**p, "summary": {**p["summary"], "benchmarks": {"gsm8k": p["summary"]["macro"]}}} for p in pts])
+    gsm = [{**p, "data": "d", "summary": {**p["summary"], "benchmarks": {"gsm8k": p["summary"]["macro"]}}} for p in pts]
+    md = ds.crossings_md(gsm)
+    assert "| macro | 1.6 | the last 2 points |" in md and "| all 3 points |" not in md   # no all-points line
+    assert "its residuals run 0, 0, 0 (macro)" in md                                      # exact points: on the line
+
+
+def test_data_scaling_local_slopes_and_a_bent_curve():
+    """A concave curve (τ gains 0.3, 0.3, 0.1 per decade): one line through all points leaves residuals −, +, +, −,
+    so it is not fitted; the local slopes are paired per segment, and a segment whose data config changes says so."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("data_scaling", ROOT / "experiments" / "data_scaling.py")
+    ds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ds)
+    taus = (1.0, 1.3, 1.6, 1.7)
+
+    def pt(i, tau):
+        recs = {"gsm8k": [{"id": f"g{j}", "benchmark": "gsm8k", "turn": 0, "accept_lengths": [tau] * 2}
+                          for j in range(3)]}
+        m = {"tau": tau, "tau_ci95": None}
+        return {"tokens": 10 ** (4 + i), "data": "xl" if i == 3 else "base", "records": recs,
+                "summary": {"macro": m, "benchmarks": {"gsm8k": m}}}
+
+    pts = [pt(i, t) for i, t in enumerate(taus)]
+    assert ds.residual_signs(pts) == "−, +, +, −"
+    md = ds.slopes_md(pts)
+    assert "| 10,000 → 100,000 | `base` | +0.300 [+0.300, +0.300] | +0.300 [+0.300, +0.300] |" in md
+    assert "| 1,000,000 → 10,000,000 | `base` → `xl` (changes) | +0.100 [+0.100, +0.100]" in md
+    assert "the data mix changes in it: `base` → `xl`" in ds.crossings_md(pts)
 
 
 def _claims_run(d, taus: dict[str, list[int]], extra: dict | None = None):
