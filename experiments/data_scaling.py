@@ -17,8 +17,12 @@ points (experiments/results/data_scaling/; about 3.5 h of training, busy, on one
     python experiments/data_scaling.py --collect runs/scale --out experiments/results/data_scaling
     python experiments/data_scaling.py experiments/results/data_scaling/points/* --out experiments/results/data_scaling
 
-Writes `scaling.md` (per point: training tokens, steps, τ per benchmark, per family and macro with CIs; where
-log-linear fits cross the goals GSM8K 2.0 / macro 1.6) and `scaling.png`. Family τ is the unweighted mean of its
+Writes `scaling.md` (per point: training tokens, steps, τ per benchmark, per family and macro with CIs; the local
+slope of every segment, τ gained per 10× data between neighbouring points with a paired-bootstrap CI, and the data
+mix each segment spans; where the last segment's slope would cross the goals GSM8K 2.0 / macro 1.6) and
+`scaling.png`. The curve bends (the gain per decade falls as data grows), so a single line of τ on log10(tokens)
+through every point is misspecified (its residuals run −, +, ..., +, −) and is not fitted; only local slopes are
+reported. Family τ is the unweighted mean of its
 benchmarks' τ, its CI from the same bootstrap as the macro (`specexp.eval.metrics.tau_ci95` on the family's
 benchmarks). τ includes the bonus token. Never imported by the library.
 """
@@ -31,7 +35,7 @@ from pathlib import Path
 
 from specexp import benchmarks
 from specexp.eval.compare import load_records
-from specexp.eval.metrics import tau_ci95
+from specexp.eval.metrics import paired_replicates, percentiles95, tau_ci95
 from specexp.report.plots import scaling_curve
 
 REPLAY_FILES = ("summary.json", "summary.md", "config.yaml", "run.json")
@@ -72,7 +76,8 @@ def point(d: Path) -> dict:
     data = re.search(r"(?:^|\s)data=(\S+)", card.get("command", ""))       # the experiment's own default otherwise
     return {"dir": d, "tokens": card["response_tokens"], "sequences": card["sequences"], "steps": card["steps"],
             "data": data.group(1) if data else "mini_regen",
-            "epochs": card["train"]["epochs"], "seconds": card["train_seconds"], "summary": summary, "families": fams}
+            "epochs": card["train"]["epochs"], "seconds": card["train_seconds"], "summary": summary, "families": fams,
+            "records": by_bench}
 
 
 def ci(c) -> str:
@@ -142,23 +147,74 @@ def crossing(points: list[dict], key: str, goal: float, draws: int = 2000, seed:
     return {"slope": float(b), "tokens": cross(a, b), "ci": (float(lo), float(hi)), "reached": bool(y[-1] >= goal)}
 
 
+def residual_signs(points: list[dict], key: str = "macro") -> str:
+    """Signs of the residuals of one least-squares line of τ on log10(tokens) through every point: runs of one
+    sign (−, +, +, +, −) say the line is the wrong shape, which is why it is not used."""
+    import numpy as np
+
+    x = np.log10([p["tokens"] for p in points])
+    y = np.array([p["summary"]["macro"]["tau"] if key == "macro" else p["summary"]["benchmarks"][key]["tau"]
+                  for p in points])
+    b, a = np.polyfit(x, y, 1)
+    return ", ".join("0" if abs(r) < 1e-9 else "+" if r > 0 else "−" for r in y - (a + b * x))   # 0: on the line
+
+
 def crossings_md(points: list[dict]) -> str:
-    """Two lines per goal: through every point, and through the last two (the local slope). On a concave curve
-    (the gain per decade falls as data grows) the first is optimistic and the second the nearer to the truth."""
+    """Where the goals would be crossed at the local slope of the last segment (an extrapolation: on a curve whose
+    gain per decade keeps falling it is the earliest the goal could be reached, a lower bound on the data needed)."""
     if len(points) < 3:
         return ""
-    rows = ["", "Where the goal would be reached (an extrapolation, not a measurement: a least-squares line of τ on "
-                "log10(tokens) through all points, and through the last two; its 95% interval refits on draws of "
-                "each point within its CI). Every point trains 2 epochs, so data and steps grow together:", "",
+    mix = (f" (the data mix changes in it: `{points[-2]['data']}` → `{points[-1]['data']}`)"
+           if points[-2]["data"] != points[-1]["data"] else "")
+    rows = ["", "Where the goal would be reached at the last segment's local slope" + mix + ". An extrapolation, not "
+            "a measurement; if the gain per 10× data keeps falling, it is the earliest the goal could be reached. "
+            "Its 95% interval refits on draws of each point within its CI. A line through all "
+            f"{len(points)} points is not used: its residuals run {residual_signs(points)} (macro), "
+            f"{residual_signs(points, 'gsm8k')} (GSM8K), the signature of a curve that bends:", "",
             "| series | goal | fit through | τ gain per 10× data | crosses at (response tokens) | 95% interval |",
             "|---|---:|---|---:|---:|---:|"]
     fmt = lambda t: "never (no gain)" if t == float("inf") else f"{t:,.3g}"  # noqa: E731
     for key, goal in GOALS:
-        for label, pts in ((f"all {len(points)} points", points), ("the last 2 points", points[-2:])):
-            c = crossing(pts, key, goal)
-            reached = " (reached)" if c["reached"] else ""
-            rows.append(f"| {key} | {goal} | {label} | {c['slope']:+.3f} | {fmt(c['tokens'])}{reached} | "
-                        f"[{fmt(c['ci'][0])}, {fmt(c['ci'][1])}] |")
+        c = crossing(points[-2:], key, goal)
+        reached = " (reached)" if c["reached"] else ""
+        rows.append(f"| {key} | {goal} | the last 2 points | {c['slope']:+.3f} | {fmt(c['tokens'])}{reached} | "
+                    f"[{fmt(c['ci'][0])}, {fmt(c['ci'][1])}] |")
+    return "\n".join(rows) + "\n"
+
+
+def segment_slope(lo: dict, hi: dict, names: list[str]) -> tuple[float, list[float]]:
+    """τ gained per 10× data between two points, over the benchmarks `names` (their unweighted mean), with the
+    paired-bootstrap 95% CI of Δτ (the same prompts resampled for both drafters) divided by the decades apart."""
+    import math
+
+    import torch
+
+    per = paired_replicates({n: hi["records"][n] for n in names}, {n: lo["records"][n] for n in names})
+    delta = sum(per[n][0]["delta"] for n in names) / len(names)
+    reps = torch.stack([per[n][1] for n in names]).mean(0)
+    decades = math.log10(hi["tokens"] / lo["tokens"])
+    ci = percentiles95(reps)
+    return delta / decades, [ci[0] / decades, ci[1] / decades]
+
+
+def slopes_md(points: list[dict]) -> str:
+    """The local slope of every segment, per family, GSM8K and macro, and the data mix it spans: a slope comparison
+    needs no model of the curve's shape."""
+    names = list(points[0]["records"])
+    series = {**{f: [n for n in ns if n in names] for f, ns in benchmarks.families().items()},
+              "gsm8k": ["gsm8k"] if "gsm8k" in names else [], "macro": names}
+    series = {k: v for k, v in series.items() if v}
+    rows = ["", "Local slopes: τ gained per 10× data between neighbouring points (paired on the same prompts, 95% "
+            "bootstrap CI). Every point trains 2 epochs, so data and steps grow together:", "",
+            "| segment (response tokens) | data mix | " + " | ".join(series) + " |",
+            "|---|---|" + "---:|" * len(series)]
+    for lo, hi in zip(points, points[1:]):
+        mix = f"`{lo['data']}`" if lo["data"] == hi["data"] else f"`{lo['data']}` → `{hi['data']}` (changes)"
+        cells = []
+        for names_ in series.values():
+            s, ci = segment_slope(lo, hi, names_)
+            cells.append(f"{s:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]")
+        rows.append(f"| {lo['tokens']:,} → {hi['tokens']:,} | {mix} | " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 
 
@@ -174,7 +230,7 @@ def main():
             return
     pts = sorted((point(d) for d in a.points), key=lambda p: p["tokens"])
     a.out.mkdir(parents=True, exist_ok=True)
-    md = table(pts) + crossings_md(pts)
+    md = table(pts) + (slopes_md(pts) if len(pts) > 1 else "") + crossings_md(pts)
     (a.out / "scaling.md").write_text(md)
     series = {f: [(p["tokens"], *p["families"][f]) for p in pts] for f in pts[0]["families"]}
     series["macro"] = [(p["tokens"], p["summary"]["macro"]["tau"], p["summary"]["macro"].get("tau_ci95"))

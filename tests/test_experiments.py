@@ -172,12 +172,38 @@ def test_dels_table6_matches_the_committed_recipe_table(tmp_path):
     assert "| anchors per example | `drafter.head.train.num_anchors` | 256 | 512 | 256 | ✓ |" in out
     assert "| gradient accumulation | `train.accumulate` | 4 | – | 4 | ✓ |" in out
     assert "| learned α/β steps (Table 4) | `train.max_steps` | 10000 | – | 10000 | ✓ |" in out
-    assert "| sequences per optimizer step | `train.devices x train.accumulate` | – | 32 | 32 | = reference |" in out
+    assert ("| sequences per optimizer step | `train.devices x train.accumulate` | not stated | 32 | 32 | "
+            "= reference |") in out
+    assert "| α (§5.1) | `fusion.alpha` | 0.3 | 0.3 | 0.3 | ✓ |" in out
+    assert "| head block size (§5.3) | `drafter.block_size` | 16 | 16 | 16 | ✓ |" in out
+    # §5.7: Domino-FT by the Table 5 recipe (batch 1 x accumulation 4, 256 anchors), its other values not stated
+    domino = out.split("### experiment=paper_domino_ft_qwen3_8b:")[1].split("###")[0]
+    assert "| gradient accumulation | `train.accumulate` | 4 | – | 4 | ✓ |" in domino
+    assert "| anchors per example | `drafter.head.train.num_anchors` | 256 | 256 | 256 | ✓ |" in domino
+    assert "| batch size | `train.devices x train.num_nodes (x 1 per rank)` | 1 | – | 1 | ✓ |" in domino
+    assert "| lr | `train.lr` | not stated | 0.0006 | 0.0006 | = reference |" in domino
     assert "✗" not in out and "≠ reference" not in out
     for name in ("dels_rnn", "dels_markov", "domino_ft", "fusion_learned", "dflash"):
         for m in ("4b", "8b"):
             assert f"### experiment=paper_{name}_qwen3_{m}:" in out
     assert (ROOT / "experiments" / "results" / "paper_recipes.md").read_text() == (tmp_path / "r.md").read_text()
+
+
+def test_dels_table6_batch_row_reads_the_configured_ranks():
+    """The batch row compares the composed config's value (one sequence per rank x ranks), not a constant: two
+    devices print 2 (a ✗ against the paper's 1), 'auto' stays unresolved; the per-rank 1 is the training loader's."""
+    import importlib.util
+
+    from omegaconf import OmegaConf
+
+    spec = importlib.util.spec_from_file_location("dels_table6", ROOT / "experiments" / "dels_table6.py")
+    t6 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(t6)
+    cfg = lambda devices, nodes=1: OmegaConf.create({"train": {"devices": devices, "num_nodes": nodes}})  # noqa: E731
+    assert t6.value(cfg(1), t6.BATCH) == 1 and t6.value(cfg(2), t6.BATCH) == 2
+    assert t6.value(cfg([0, 1], 2), t6.BATCH) == 4
+    assert t6.value(cfg("auto"), t6.BATCH) == "1 per rank, auto devices x 1 nodes" and not t6.same(2, 1)
+    assert "batch_size=1," in (ROOT / "src" / "specexp" / "training" / "pipeline.py").read_text()  # PER_RANK_BATCH
 
 
 def test_dels_table7_learned_alpha_beta(tmp_path):
@@ -242,8 +268,35 @@ def test_data_scaling_crossing_of_a_log_linear_curve():
     assert c["ci"] == pytest.approx((1e6, 1e6), rel=1e-6) and not c["reached"]
     flat = [{"tokens": t, "summary": {"macro": {"tau": 1.2, "tau_ci95": None}}} for t in (2e4, 5e4, 1e5)]
     assert ds.crossing(flat, "macro", 2.0)["tokens"] == float("inf")
-    assert "| macro | 1.6 | the last 2 points |" in ds.crossings_md(
-        [{**p, "summary": {**p["summary"], "benchmarks": {"gsm8k": p["summary"]["macro"]}}} for p in pts])
+    gsm = [{**p, "data": "d", "summary": {**p["summary"], "benchmarks": {"gsm8k": p["summary"]["macro"]}}} for p in pts]
+    md = ds.crossings_md(gsm)
+    assert "| macro | 1.6 | the last 2 points |" in md and "| all 3 points |" not in md   # no all-points line
+    assert "its residuals run 0, 0, 0 (macro)" in md                                      # exact points: on the line
+
+
+def test_data_scaling_local_slopes_and_a_bent_curve():
+    """A concave curve (τ gains 0.3, 0.3, 0.1 per decade): one line through all points leaves residuals −, +, +, −,
+    so it is not fitted; the local slopes are paired per segment, and a segment whose data config changes says so."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("data_scaling", ROOT / "experiments" / "data_scaling.py")
+    ds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ds)
+    taus = (1.0, 1.3, 1.6, 1.7)
+
+    def pt(i, tau):
+        recs = {"gsm8k": [{"id": f"g{j}", "benchmark": "gsm8k", "turn": 0, "accept_lengths": [tau] * 2}
+                          for j in range(3)]}
+        m = {"tau": tau, "tau_ci95": None}
+        return {"tokens": 10 ** (4 + i), "data": "xl" if i == 3 else "base", "records": recs,
+                "summary": {"macro": m, "benchmarks": {"gsm8k": m}}}
+
+    pts = [pt(i, t) for i, t in enumerate(taus)]
+    assert ds.residual_signs(pts) == "−, +, +, −"
+    md = ds.slopes_md(pts)
+    assert "| 10,000 → 100,000 | `base` | +0.300 [+0.300, +0.300] | +0.300 [+0.300, +0.300] |" in md
+    assert "| 1,000,000 → 10,000,000 | `base` → `xl` (changes) | +0.100 [+0.100, +0.100]" in md
+    assert "the data mix changes in it: `base` → `xl`" in ds.crossings_md(pts)
 
 
 def _claims_run(d, taus: dict[str, list[int]], extra: dict | None = None):
@@ -274,21 +327,64 @@ def test_mini_claims_verdicts_follow_the_paired_cis(tmp_path):
     (tmp_path / "cards").mkdir()
     for name, secs, anchors in (("dels_rnn", 100.0, 256), ("domino_ft", 300.0, 64)):   # 3x the time, 1/4 the blocks
         (tmp_path / "cards" / f"{name}.json").write_text(json.dumps(
-            {"train_seconds": secs, "sequences": 10, "facts": {"recipe": {"epochs": 1, "num_anchors": anchors}}}))
+            {"train_seconds": secs, "sequences": 10, "facts": {"recipe": {"epochs": 1, "num_anchors": anchors}},
+             "steps": 3, "trainable_params": 400 if name == "domino_ft" else 100, "peak_memory_mb": 2048.0}))
     out = tmp_path / "claims.md"
     subprocess.run([sys.executable, str(ROOT / "experiments" / "mini_claims.py"), "--root", str(tmp_path),
-                    "--out", str(out), "--previous", str(tmp_path / "none")], capture_output=True, text=True,
-                   check=True)
-    rows = {r.split(" | ")[1]: r for r in out.read_text().splitlines() if r.startswith(("| DeLS", "| DEdit"))}
-    assert rows["DeLS-Spec beats DFlash on every benchmark"].endswith("| reproduced |")
-    assert rows["the gains are larger on math and code than on chat"].endswith("| reproduced |")
-    assert rows["the RNN head beats the Markov head"].endswith("| contradicted |")
+                    "--out", str(out), "--previous", str(tmp_path / "none"), "--eagle3", str(tmp_path / "none")],
+                   capture_output=True, text=True, check=True)
+    rows = {r.split(" | ")[1]: r for r in out.read_text().splitlines() if r.startswith(("| DeLS", "| DEdit", "| DFl"))}
+    verdict = lambda claim: rows[claim].split(" | ")[6]  # noqa: E731   (source, claim, words, metric, test, effect)
+    assert verdict("DeLS-Spec beats DFlash in almost all settings") == "reproduced"
+    assert verdict("the gains are larger on math and code than on chat") == "reproduced"
+    assert verdict("the RNN head beats the Markov head") == "contradicted"
     assert "best on tune: α = 0.5, β = 0" in rows["the best fusion weights are α ≈ β ≈ 0.3"]
-    assert "input missing: `eval/domino_ft`" in rows["DeLS-Spec recovers ≥ 75 % of Domino-FT's gain over DFlash"]
-    assert rows["DEdit has the highest τ"].endswith("| not measured |")
-    assert rows["ProposalMix halves harmful edits"].endswith("| not measured |")
-    cheaper = rows["the local head is ≥ 10× cheaper to train than Domino-FT"]
-    assert "= 12.0×" in cheaper and cheaper.endswith("| reproduced |")      # per anchored block, not 3× raw
+    assert "input missing: `eval/domino_ft`" in rows["DeLS-Spec recovers the majority of Domino-FT's gain"]
+    assert verdict("DEdit has the highest τ") == "not measured"
+    assert verdict("ProposalMix halves harmful edits") == "not measured"
+    assert "input missing: `eagle3_mini/eagle3_chain`" in rows["DFlash beats EAGLE-3 (chain) trained on the same data"]
+    cheaper = rows["the local head is far cheaper to train than Domino-FT"]
+    # the paper's Table 5 figures beside the mini's, which cannot decide it: 3× raw, 12× per anchored block
+    assert "13.4 h / 1.1 h = 12.2× time" in cheaper and "= 3.00× raw" in cheaper
+    assert "12.0× per anchored block" in cheaper
+    assert verdict("the local head is far cheaper to train than Domino-FT") == "not decidable at mini scale"
+
+
+def test_mini_claims_decides_the_papers_wording(tmp_path):
+    """"In almost all settings": 2 of 3 benchmarks above 0 with one below is inconclusive, not reproduced; Table 4 at
+    the paper's α = β = 0.3 is decided with no margin (fixed a little below learned on every prompt: contradicted)
+    while the tuned weights' row stands apart; the baselines' row pairs DFlash with the EAGLE-3 of the same data
+    and prints sizes and tokens verified per round."""
+    base = {"gsm8k": [2, 2, 3, 2], "humaneval": [2, 1, 2, 2], "mt_bench": [2, 2, 3, 2]}
+    mixed = {"gsm8k": [3, 3, 4, 3], "humaneval": [3, 2, 3, 3], "mt_bench": [1, 1, 2, 1]}
+    drafted = {"drafted": [7] * 4}
+    _claims_run(tmp_path / "eval" / "dflash", base, drafted)
+    _claims_run(tmp_path / "eval" / "dels_rnn", mixed)
+    _claims_run(tmp_path / "eval" / "dels_rnn-learned", {k: [a + 1 for a in v] for k, v in base.items()})
+    _claims_run(tmp_path / "eval" / "dels_rnn-a0.3_b0.3", base)
+    (tmp_path / "eval" / "dels_rnn-a0.3_b0.3" / "config.yaml").write_text(
+        yaml.safe_dump({"fusion": {"alpha": 0.3, "beta": 0.3}}))
+    _claims_run(tmp_path / "e3" / "eagle3_chain", {k: [a + 1 for a in v] for k, v in base.items()}, drafted)
+    (tmp_path / "cards").mkdir()
+    for name, params in (("dflash_b8", 5_000_000), ("eagle3", 10_000_000)):
+        (tmp_path / "cards" / f"{name}.json").write_text(json.dumps(
+            {"data_hash": "h", "trainable_params": params, "steps": 100}))
+    out = tmp_path / "claims.md"
+    subprocess.run([sys.executable, str(ROOT / "experiments" / "mini_claims.py"), "--root", str(tmp_path),
+                    "--out", str(out), "--previous", str(tmp_path / "none"), "--eagle3", str(tmp_path / "e3")],
+                   capture_output=True, text=True, check=True)
+    rows = {r.split(" | ")[1]: r.split(" | ") for r in out.read_text().splitlines() if r.startswith("| ")}
+    almost = rows["DeLS-Spec beats DFlash in almost all settings"]
+    assert "CI above 0 on 2 of 3 benchmarks, below 0 on 1" in almost[5] and almost[6] == "inconclusive"
+    fixed = rows["fixed α = β = 0.3 beats learned α/β"]
+    assert "fixed (α = 0.3, β = 0.3) − learned: macro Δτ -1.000" in fixed[5] and fixed[6] == "contradicted"
+    assert "macro CI above 0 (FIXED_VS_LEARNED_TOLERANCE)" in fixed[4]
+    assert "fixed (the weights chosen on tune) − learned" in rows["fixed α/β chosen on tune beat learned α/β"][5]
+    chain = rows["DFlash beats EAGLE-3 (chain) trained on the same data"]
+    assert "macro Δτ -1.000 [-1.000, -1.000]" in chain[5] and chain[6] == "contradicted"
+    assert "DFlash 5.00M trainable parameters, 100 steps, 8 tokens verified per round" in chain[5]
+    assert "input missing: `eagle3_mini/eagle3_tree60`" in rows["DFlash beats EAGLE-3 (tree, 60 tokens) trained on "
+                                                                "the same data"][5]
 
 
 def test_mini_claims_xl_section_reads_its_own_runs(tmp_path):
@@ -305,9 +401,9 @@ def test_mini_claims_xl_section_reads_its_own_runs(tmp_path):
                     "--out", str(out), "--previous", str(tmp_path / "none")], capture_output=True, text=True,
                    check=True)
     main, xl = out.read_text().split("## The same claims beside the 1.0M-token backbone")
-    claim = "| DeLS-Spec beats DFlash on every benchmark |"
+    claim = "| DeLS-Spec beats DFlash in almost all settings |"
     row = lambda text: next(r for r in text.splitlines() if claim in r)  # noqa: E731
-    assert row(main).endswith("| reproduced |") and row(xl).endswith("| contradicted |")
+    assert " | reproduced | " in row(main) and row(xl).endswith("| contradicted |")
     assert "the RNN head beats the Markov head" not in xl.split("τ of these runs")[0]     # no Markov run there
     assert "| dels_rnn | 1.750 " in xl and "| dflash | 2.750 " in xl                    # its own τ table
 
@@ -321,9 +417,9 @@ def test_mini_claims_proposal_mix_counts_the_recorded_edit_outcomes(tmp_path):
     def outcomes(harmful):
         return {"edit_outcomes": ["harmful"] * harmful + ["neutral"] * (4 - harmful) + ["unedited"] * 2}
 
-    cases = (("halved", (1, 3), "= 12 / 72 ÷ 36 / 72 = 0.33 [0.33, 0.33]; per edited round 0.250 / 0.750",
-              "| reproduced |"),
-             ("same", (2, 2), "= 24 / 72 ÷ 24 / 72 = 1.00 [1.00, 1.00]; per edited round 0.500 / 0.500",
+    cases = (("halved", (1, 3), "= 12 / 72 ÷ 36 / 72 = 0.33 [0.33, 0.33]; not deciding: per edited round 0.250 / "
+              "0.750", "| reproduced |"),
+             ("same", (2, 2), "= 24 / 72 ÷ 24 / 72 = 1.00 [1.00, 1.00]; not deciding: per edited round 0.500 / 0.500",
               "| contradicted |"))
     for root, (mix, plain), want, verdict in cases:
         _claims_run(tmp_path / root / "eval" / "dedit", taus, outcomes(mix))
@@ -333,7 +429,7 @@ def test_mini_claims_proposal_mix_counts_the_recorded_edit_outcomes(tmp_path):
                         "--out", str(out), "--previous", str(tmp_path / "none")], capture_output=True, text=True,
                        check=True)
         row = next(r for r in out.read_text().splitlines() if "ProposalMix halves" in r)
-        assert want in row and row.endswith(verdict), row
+        assert want in row and f" {verdict} " in row, row
 
 
 def test_draft_cap_times_every_cap_against_ar_and_checks_the_output(tmp_path):
