@@ -17,7 +17,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from . import cli
+from . import cli, log
 from .cli import CONF_DIR, fail, precheck
 from .config import hydra_choices
 from .errors import UserError
@@ -55,7 +55,7 @@ def _sweep_job(cfg: DictConfig, out_dir: str, num: int):
         message, _ = error_line(e, Path(out_dir) / cli.LOG_NAME)
         cli.record_job_error(error, message)
         cli.record_job_command(Path(out_dir), hydra_choices())
-        print(f"specexp: warning: job {num} failed, the sweep goes on: {message}", file=sys.stderr, flush=True)
+        log.LOG.warning(f"job {num} failed, the sweep goes on: {message}")
         return None
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from . import log
 from .config import unknown_key_message
 from .errors import UserError
 
@@ -69,7 +70,7 @@ def record_job_error(path: Path, message: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(message + "\n", encoding="utf-8")
     except OSError as e:            # an unwritable job directory: the warning line still says what failed
-        print(f"specexp: warning: cannot write {path} ({e.strerror})", file=sys.stderr, flush=True)
+        log.LOG.warning(f"cannot write {path} ({e.strerror})")
 
 
 def failed_jobs(sweep_dir: Path, since: float) -> list[tuple[str, str]]:
@@ -142,9 +143,8 @@ def write_sweep_table(sweep_dir: Path, since: float) -> str | None:
         write_json(Path(sweep_dir) / f"{MULTIRUN_TABLE}.json", {"sweep_dir": str(sweep_dir), "swept": swept,
                                                                 "jobs": jobs})
     except OSError as e:
-        print(f"specexp: warning: cannot write the sweep's table into {sweep_dir} ({e.strerror})", file=sys.stderr,
-              flush=True)
-    print(md, flush=True)
+        log.LOG.warning(f"cannot write the sweep's table into {sweep_dir} ({e.strerror})")
+    log.table(md)
     return md
 
 

@@ -32,6 +32,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import log
 from .errors import UserError, check
 
 FORMATS = ("vllm", "sglang", "zlab", "hf")
@@ -359,7 +360,7 @@ def run_export(cfg, out_dir) -> dict:
             summary["pushed"] = upload(p.out, p.push["repo_id"], p.push["private"])
         write_json(d / "export_summary.json", summary)
     tau = p.info["tau"]
-    print(f"specexp: exported drafter={p.kind} ({p.fmt}) to {p.out}: {', '.join(files)}; τ "
-          f"{'%.3f' % tau['macro'] if tau else 'not measured'}", flush=True)
-    print(f"specexp: serve with: {p.info['commands'][p.fmt if p.fmt in ('vllm', 'sglang') else 'vllm']}", flush=True)
+    log.LOG.info(f"exported drafter={p.kind} ({p.fmt}) to {p.out}: {', '.join(files)}; τ "
+                 f"{'%.3f' % tau['macro'] if tau else 'not measured'}")
+    log.LOG.info(f"serve with: {p.info['commands'][p.fmt if p.fmt in ('vllm', 'sglang') else 'vllm']}")
     return summary

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from . import log
 from .errors import one_of
 from .machine import cpu_info, describe
 
@@ -147,7 +148,7 @@ class CSVLogger(NoLogger):
 
 
 def _warn(message: str) -> None:
-    print(f"specexp: warning: {message}", file=sys.stderr, flush=True)
+    log.LOG.warning(message)
 
 
 def _reachable(url: str, timeout: float = 3.0) -> bool:

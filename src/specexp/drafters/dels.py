@@ -35,7 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import checkpoints as ckpt
-from .. import pins
+from .. import log, pins
 from ..errors import UserError, check, one_of
 from . import dflash
 from .sequential import SequentialDrafter, check_fusion_options, gru_step, matvec, random_init
@@ -445,8 +445,8 @@ def build(cfg, target) -> DeLSDrafter:
             if isinstance(vals, list) and len(vals) > n:
                 # DeLS-Spec plugs a head trained at block 16 (14 fused drafts) into shorter drafters (DSpark block 7:
                 # 6 fused drafts) with its per-position lists cut to the first n entries.
-                print(f"specexp: fusion=learned: {key} has {len(vals)} per-position weights, the backbone fuses "
-                      f"{n} drafts: using the first {n}", flush=True)
+                log.LOG.info(f"fusion=learned: {key} has {len(vals)} per-position weights, the backbone fuses "
+                             f"{n} drafts: using the first {n}")
                 learned[key] = vals[:n]
         alpha = learned["alpha"] if alpha == "learned" else alpha
         beta = learned["beta"] if beta == "learned" else beta

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import checkpoints as ckpt
-from .. import pins
+from .. import log, pins
 from ..errors import UserError, check
 from .base import Proposal, Sampling, choose, sequence_at
 
@@ -554,8 +554,8 @@ def build(cfg, target) -> DFlashDrafter:
     if init == "auto":
         init = "checkpoint" if cfg.get("checkpoint") else "random"
         if init == "random":
-            print(f"specexp: no DFlash checkpoint for target {target.name}: using a random-init drafter "
-                  f"(τ ≈ 1); pass drafter.checkpoint=DIR for a trained one", flush=True)
+            log.LOG.info(f"no DFlash checkpoint for target {target.name}: using a random-init drafter "
+                         f"(τ ≈ 1); pass drafter.checkpoint=DIR for a trained one")
     if init == "random":
         config = DFlashConfig.for_target(target, cfg.num_layers, cfg.block_size, cfg.get("target_layer_ids"))
         check_fits(config, target, "drafter")            # tap ids vs a target whose size the config did not tell

@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import checkpoints as ckpt
+from .. import log
 from ..errors import UserError, check
 from .base import Proposal, Sampling, choose
 from .dflash import MLP, RMSNorm, init_weights, resolve_checkpoint, rotate  # MLP: the same gated SiLU layer
@@ -508,8 +509,8 @@ def build(cfg, target) -> Eagle3Drafter:
     if init == "auto":
         init = "checkpoint" if cfg.get("checkpoint") else "random"
         if init == "random":
-            print(f"specexp: no EAGLE-3 checkpoint for target {target.name}: using a random-init drafter (τ ≈ 1); "
-                  "pass drafter.checkpoint=DIR for a trained one", flush=True)
+            log.LOG.info(f"no EAGLE-3 checkpoint for target {target.name}: using a random-init drafter (τ ≈ 1); "
+                         "pass drafter.checkpoint=DIR for a trained one")
     taps = cfg.get("tap_layers")
     if init == "random":
         model = Eagle3DraftModel(Eagle3Config.for_target(target, cfg.get("draft_vocab_size"), taps))

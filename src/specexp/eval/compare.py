@@ -11,6 +11,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from .. import log
 from ..errors import check
 from ..tracking import make_logger, write_json, write_text_atomic
 from . import metrics
@@ -78,5 +79,5 @@ def run_compare(cfg, out_dir) -> dict:
         logger.comparison(result)           # job type compare: compare/<benchmark>/delta, its CI, wins
         logger.artifact("compare", [d / "compare.json", d / "compare.md"])
         logger.finish()
-    print(md, flush=True)
+    log.table(md)
     return {"macro": {"tau": result["macro"]["delta"]}}

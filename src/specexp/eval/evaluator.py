@@ -22,7 +22,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from .. import benchmarks, registry
+from .. import benchmarks, log, registry
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round, generate
 from ..decoding.verify import PROTOCOLS
 from ..errors import check
@@ -265,5 +265,5 @@ def run_eval(cfg, out_dir: Path) -> dict:
         logger.summary(summary)
         logger.artifact("eval", [out_dir / "summary.json", out_dir / "samples.jsonl"])
         logger.finish()
-    print(md, flush=True)
+    log.table(md)
     return summary

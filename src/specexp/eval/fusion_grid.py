@@ -23,7 +23,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from .. import benchmarks, registry
+from .. import benchmarks, log, registry
 from ..decoding.engine import drafts_per_round
 from ..drafters.dels import DeLSDrafter
 from ..errors import check
@@ -144,7 +144,7 @@ def run_grid(cfg, out_dir: Path) -> dict:
             logger.finish()
     md = grid_markdown(cells, out, cfg.drafter.name)
     write_text_atomic(out_dir / "grid.md", md)
-    print(md, flush=True)
+    log.table(md)
     return out
 
 

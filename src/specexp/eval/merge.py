@@ -27,7 +27,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from .. import registry
+from .. import log, registry
 from ..errors import UserError, check
 from ..report.tables import summary_markdown
 from ..tracking import make_logger, record_command, run_info, write_json, write_text_atomic
@@ -248,6 +248,6 @@ def run_merge(cfg, out_dir) -> dict:
     finally:
         for f in held:
             f.close()
-    print(f"specexp: merged {len(runs)} shards into {out}", flush=True)
-    print(md, flush=True)
+    log.LOG.info(f"merged {len(runs)} shards into {out}")
+    log.table(md)
     return summary

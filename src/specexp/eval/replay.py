@@ -30,13 +30,14 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import time
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from .. import benchmarks, files, registry
+from .. import benchmarks, files, log, registry
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round
 from ..decoding.tree import follow
 from ..errors import check
@@ -46,6 +47,8 @@ from ..tracking import make_logger, run_info, write_json, write_text_atomic
 from . import metrics, shards
 from .references import ReferenceStore, compute_reference, set_fingerprint, turns_with_prompts
 from .store import ResultStore
+
+_log = log.get(__name__)
 
 
 @torch.inference_mode()
@@ -85,13 +88,16 @@ def cached_teacher_forced(target, prompt, ref, taps, path: Path | None) -> dict:
     from safetensors.torch import load_file, save_file
 
     if path is not None and path.exists():
+        _log.debug(f"taps {list(taps)} of {len(ref)} reference tokens read from {path}")
         d = load_file(path, device=str(target.device))
         return {"taps": d.get("taps"), "argmax": d["argmax"].cpu(), "gap": d["gap"].cpu()}
     wider = _wider_tap_file(path, taps) if path is not None else None
     if wider is not None:                      # taps of more layers, same reference turn: read their columns
+        _log.debug(f"taps {list(taps)} of {len(ref)} reference tokens read from the wider {wider[0]}")
         d = load_file(wider[0], device=str(target.device))
         return {"taps": d["taps"][..., wider[1]], "argmax": d["argmax"].cpu(), "gap": d["gap"].cpu()}
     tf = teacher_forced(target, prompt, ref, taps)
+    _log.debug(f"taps {list(taps)} of {len(ref)} reference tokens computed (one teacher-forced pass)")
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
@@ -224,12 +230,19 @@ def build_references(cfg, target, samples, dc: DecodeConfig) -> ReferenceStore:
     todo = [s for _, s in sorted(zip(index, samples), key=lambda p: p[0]) if store.get(s) is None]
     bar = tqdm(todo, desc=f"references on {target.name}", unit="sample", disable=not cfg.eval.progress or not todo,
                dynamic_ncols=True)
+    if todo:                                            # the long silent phase of a first replay
+        log.LOG.info(f"references: decoding {len(todo)} of {len(samples)} samples greedily on {target.name} "
+                     f"(cached in {store.dir})")
+    t0 = time.perf_counter()
     for sample in bar:
         store.add([compute_reference(target, sample, dc)])
+        _log.debug(f"reference {sample.benchmark}/{sample.id} done ({time.perf_counter() - t0:.0f} s so far)")
+    if todo:
+        log.LOG.info(f"references: {len(todo)} decoded in {time.perf_counter() - t0:.0f} s")
     if rp.export:
         n = store.export(files.check_new_file(rp.export, "replay.export", rp.get("overwrite", False),
                                               "replay.overwrite"), samples)
-        print(f"specexp: wrote {n} references to {rp.export}", flush=True)
+        log.LOG.info(f"wrote {n} references to {rp.export}")
     return store
 
 
@@ -292,6 +305,8 @@ def run_replay(cfg, out_dir) -> dict:
                              name=f"{cfg.drafter.name}-{target.name}")
         done = store.done()
         todo = [s for s in samples if (s.benchmark, s.id) not in done]
+        log.LOG.info(f"replay: {len(todo)} of {len(samples)} samples to replay with {cfg.drafter.name} "
+                     f"({len(samples) - len(todo)} already in {out_dir})")
         bar = tqdm(todo, desc=f"replay {cfg.drafter.name} on {target.name}", unit="sample",
                    disable=not ev.progress, dynamic_ncols=True)
         for sample in bar:
@@ -304,6 +319,7 @@ def run_replay(cfg, out_dir) -> dict:
             store.append(recs)
             taus = [r["tau"] for r in recs if r["tau"] is not None]
             bar.set_postfix(bench=sample.benchmark, tau=f"{metrics.fmean(taus):.2f}" if taus else "–")
+            _log.debug(f"replayed {sample.benchmark}/{sample.id}: τ {metrics.fmean(taus) if taus else None}")
 
         wanted = {(s.benchmark, s.id) for s in samples}
         summary = summarize([r for r in store.records if (r["benchmark"], r["id"]) in wanted],
@@ -314,5 +330,5 @@ def run_replay(cfg, out_dir) -> dict:
         logger.summary(summary)             # the eval/... keys the dashboards read; job type replay
         logger.artifact("replay", [out_dir / "summary.json", out_dir / "samples.jsonl"])
         logger.finish()
-    print(md, flush=True)
+    log.table(md)
     return summary

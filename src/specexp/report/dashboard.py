@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 
+from .. import log
 from ..errors import check
 from ..eval.store import claimed_for, read_json
 from ..tracking import write_json
@@ -159,7 +160,7 @@ def run_dashboard(cfg, out_dir) -> dict:
     with claimed_for(out_dir, "dashboard") as out:  # never into another run's directory (eval/store.py)
         path = out / "dashboard.json"
         write_json(path, spec(workspace, reports))
-    print(f"specexp: dashboard spec: {path} (workspace + {len(reports)} reports)", flush=True)
+    log.LOG.info(f"dashboard spec: {path} (workspace + {len(reports)} reports)")
     if not d.push:
         return {"spec": str(path)}
     check(bool(os.environ.get("WANDB_API_KEY")), f"dashboard.push=true needs a W&B key: set WANDB_API_KEY (the "
@@ -169,7 +170,7 @@ def run_dashboard(cfg, out_dir) -> dict:
     entity = d.entity or wandb.Api().default_entity
     workspace, reports = build(d.project, entity, benchmarks, positions, d.sweep_group, bind=True)
     urls = [workspace.save().url, *(r.save().url for r in reports)]
-    print("specexp: dashboard pushed:\n  " + "\n  ".join(urls), flush=True)
+    log.LOG.info("dashboard pushed:\n  " + "\n  ".join(urls))
     return {"spec": str(path), "urls": urls}
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from .. import log
 from ..errors import check
 from ..eval.store import claimed_for, read_json
 from ..tracking import write_text_atomic
@@ -360,6 +361,6 @@ def run_report(cfg, out_dir) -> dict:
     inputs = collect(runs)
     with claimed_for(out_dir, "report") as d:       # never into another run's directory (eval/store.py)
         path = render(inputs, d, cfg.report.title or "specexp report", [str(r) for r in runs])
-    print(f"specexp: report: {path} ({len(inputs.runs)} runs, {len(inputs.sweeps)} sweeps, "
-          f"{len(inputs.trainings)} trainings)", flush=True)
+    log.LOG.info(f"report: {path} ({len(inputs.runs)} runs, {len(inputs.sweeps)} sweeps, "
+                 f"{len(inputs.trainings)} trainings)")
     return {"index": str(path)}

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .. import files, pins
+from .. import files, log, pins
 from ..errors import UserError, check, differing_keys
 
 CORPUS_DIR = Path(__file__).resolve().parents[3] / "data" / "corpus"
@@ -192,7 +192,7 @@ def load_hub(hub, max_samples: int | None, seed: int) -> list[Conversation]:
             continue
         rows.append(Conversation(str(r.get("id") or f"{src}:{n}"), turns[0][1], _EMPTY_THINK.sub("", turns[1][1])))
     if skipped:
-        print(f"specexp: {skipped} records of {src} without a user turn then an assistant turn skipped", flush=True)
+        log.LOG.info(f"{skipped} records of {src} without a user turn then an assistant turn skipped")
     random.Random(seed).shuffle(rows)
     return rows[:max_samples]
 
@@ -222,15 +222,15 @@ def regenerate(target, convs: list[Conversation], out_file: Path, batch_size: in
     if max_length is not None:
         long = [c for c in todo if len(prompts[c.id]) >= max_length]
         if long:
-            print(f"specexp: {len(long)} prompts of >= {max_length} tokens (data.max_length) not answered: no "
-                  f"response token of theirs would fit", flush=True)
+            log.LOG.info(f"{len(long)} prompts of >= {max_length} tokens (data.max_length) not answered: no "
+                         f"response token of theirs would fit")
         todo = [c for c in todo if len(prompts[c.id]) < max_length]
         convs = [c for c in convs if c.id in done or len(prompts[c.id]) < max_length]
     todo.sort(key=lambda c: len(prompts[c.id]))          # similar lengths per batch: less padding
     if todo and getattr(target, "lean", False):           # a token-only run with answers missing: load the layers
         check(target.whole is not None, f"target {target.name} was loaded without its decoder layers and "
                                         f"{len(todo)} answers are missing: run task=regenerate first")
-        print(f"specexp: {len(todo)} answers to generate: loading the whole target", flush=True)
+        log.LOG.info(f"{len(todo)} answers to generate: loading the whole target")
         target = target.whole()
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.stop_token_ids[0]
     stops = list(target.stop_token_ids)

@@ -16,6 +16,7 @@ import lightning as L
 import torch
 from omegaconf import OmegaConf
 
+from .. import log
 from ..drafters import dels
 from ..drafters.dflash import DFlashDraftModel, resolve_checkpoint
 from ..errors import check, one_of
@@ -173,7 +174,7 @@ def run_prior(cfg, out_dir) -> dict:
         summary = {"prior": str(path), "tokens": int(counts.sum()), "distinct": int((counts > 0).sum()),
                    "vocab_size": ctx.target.vocab_size, "smoothing": cfg.task.smoothing, "data_hash": ctx.data_hash}
         write_json(d / "prior.json", summary)
-    print(f"specexp: {summary}", flush=True)
+    log.LOG.info(f"{summary}")
     return summary
 
 

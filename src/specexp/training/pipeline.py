@@ -34,7 +34,7 @@ from typing import Callable
 import torch
 from omegaconf import OmegaConf
 
-from .. import registry
+from .. import log, registry
 from ..checkpoints import replace_atomic
 from ..errors import check
 from ..eval.store import claimed_for
@@ -88,19 +88,18 @@ def prepare_sequences(data, target_cfg, target, stages: Path) -> tuple[list[D.Se
                 t0 = time.perf_counter()
                 if data.get("regen_import"):
                     n = D.import_regen(data.regen_import, target, convs, out, OmegaConf.to_container(r, resolve=True))
-                    print(f"specexp: {n} responses imported from {data.regen_import}", flush=True)
+                    log.LOG.info(f"{n} responses imported from {data.regen_import}")
                 D.regenerate(target, convs, out, r.batch_size, r.max_new_tokens, r.temperature, r.top_p, r.top_k,
                              data.shuffle_seed, data.max_length)
                 lines = [json.loads(x) for x in out.read_text().splitlines()]
                 write_json(stage / "DONE", {"sequences": len(lines), "seconds": time.perf_counter() - t0,
                                             "response_tokens": sum(len(x["response_ids"]) for x in lines),
                                             "stopped": sum(x["stopped"] for x in lines)})
-            print(f"specexp: regenerated data {stage} {json.loads((stage / 'DONE').read_text())}", flush=True)
+            log.LOG.info(f"regenerated data {stage} {json.loads((stage / 'DONE').read_text())}")
             if data.get("regen_export"):
                 prov = {"target_source": target.source, "target": payload["target"],
                         "regen": payload["regen"], "corpus": payload["corpus"], "max_samples": data.max_samples}
-                print(f"specexp: packed {D.export_regen(out, Path(data.regen_export), prov)} into {data.regen_export}",
-                      flush=True)
+                log.LOG.info(f"packed {D.export_regen(out, Path(data.regen_export), prov)} into {data.regen_export}")
         seqs += D.sequences_from_regen(out, data.max_length, data.min_response_tokens)
     if data.corpus_answers:
         seqs += D.sequences_from_corpus(target, convs, data.max_length, data.min_response_tokens)
@@ -156,7 +155,7 @@ class TrainContext:
             if not (root / "index.json").exists():
                 wider = D.wider_cache(self.stages, meta, target.hidden_size)
                 if wider is not None:              # taps of more layers, same target and data: read its columns
-                    print(f"specexp: taps {list(layer_ids)} read from the feature cache {wider.root}", flush=True)
+                    log.LOG.info(f"taps {list(layer_ids)} read from the feature cache {wider.root}")
                     return wider
             with stage_lock(root):                 # ranks started together build it once
                 cache = D.FeatureCache(root, meta)
@@ -349,7 +348,7 @@ def _train(cfg, out_dir: Path, where: Placement) -> dict:
         result = json.loads((run_dir / "train.json").read_text())
         if where.launch_rank != 0:                   # ranks started together (torchrun, srun): rank 0 writes
             return {"rank": where.launch_rank, "steps": result["steps"]}
-        print(f"specexp: reusing {artifact}", flush=True)
+        log.LOG.info(f"reusing {artifact}")
     else:
         module = plan.module()
         trainer, seconds, precision = lightning_fit(tc, cfg.logger, module, dataset, run_dir, device, plan.epochs,
@@ -373,8 +372,8 @@ def _train(cfg, out_dir: Path, where: Placement) -> dict:
         finally:                                      # also when rank 0 failed: no rank waits for it forever
             trainer.strategy.barrier("specexp.artifact")
         if not trainer.is_global_zero:                # the other ranks leave, having written nothing
-            print(f"specexp: rank {trainer.global_rank} trained {trainer.global_step} steps; rank 0 writes "
-                  f"{artifact}", flush=True)
+            log.LOG.info(f"rank {trainer.global_rank} trained {trainer.global_step} steps; rank 0 writes "
+                         f"{artifact}")
             return {"rank": trainer.global_rank, "steps": trainer.global_step}
     final = artifact
     if tc.export_dir:
@@ -405,8 +404,8 @@ def _train(cfg, out_dir: Path, where: Placement) -> dict:
     _link(out_dir, final)
     if trainer is not None:
         _wandb_finish(trainer, card, final)
-    print(f"specexp: trained {plan.kind}: {final} ({result['steps']} steps, {result['train_seconds']:.0f} s, "
-          f"peak {result['peak_memory_mb']:.0f} MiB)", flush=True)
+    log.LOG.info(f"trained {plan.kind}: {final} ({result['steps']} steps, {result['train_seconds']:.0f} s, "
+                 f"peak {result['peak_memory_mb']:.0f} MiB)")
     return card
 
 
@@ -436,5 +435,5 @@ def run_regenerate(cfg, out_dir) -> dict:
         summary = {"sequences": len(ctx.seqs), "tokens": sum(len(s.ids) for s in ctx.seqs),
                    "response_tokens": ctx.response_tokens, "data_hash": ctx.data_hash}
         write_json(d / "data.json", summary)
-    print(f"specexp: {summary}", flush=True)
+    log.LOG.info(f"{summary}")
     return summary
