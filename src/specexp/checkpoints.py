@@ -78,11 +78,16 @@ def read_config(path: str | os.PathLike, where: str) -> dict:
     f = Path(path) / CONFIG_FILE
     check(Path(path).is_dir(), f"{where}: no such directory")
     check(f.exists(), f"{where}: no {CONFIG_FILE}")
+    return read_object(f, where)
+
+
+def read_object(f: Path, where: str) -> dict:
+    """A JSON file of a checkpoint (config.json, card.json) that must hold an object: otherwise one line."""
     try:
         raw = json.loads(f.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{where}: {CONFIG_FILE} is not valid JSON ({e})") from None
-    check(isinstance(raw, dict), f"{where}: {CONFIG_FILE} must hold a JSON object, found {type(raw).__name__}")
+        raise UserError(f"{where}: {f.name} is not valid JSON ({e})") from None
+    check(isinstance(raw, dict), f"{where}: {f.name} must hold a JSON object, found {type(raw).__name__}")
     return raw
 
 

@@ -199,15 +199,10 @@ def serving_config_eagle3(c) -> dict:
 
 
 def _read_card(source: Path, where: str) -> dict:
+    from .checkpoints import read_object  # torch: not at import (config.py reads FORMATS from here)
+
     f = source / "card.json"
-    if not f.is_file():
-        return {}
-    try:
-        card = json.loads(f.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{where}: card.json is not valid JSON ({e})") from None
-    check(isinstance(card, dict), f"{where}: card.json must hold a JSON object")
-    return card
+    return read_object(f, where) if f.is_file() else {}
 
 
 # ------------------------------------------------------------------------------------------------ the card
