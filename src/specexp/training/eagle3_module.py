@@ -56,8 +56,15 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from ..drafters.dflash import init_weights, resolve_checkpoint, rotate
-from ..drafters.eagle3 import Eagle3Config, Eagle3DraftModel, MidLayer, check_fits, default_tap_layers
+from ..drafters.dflash import init_weights, rotate
+from ..drafters.eagle3 import (
+    Eagle3Config,
+    Eagle3DraftModel,
+    MidLayer,
+    check_fits,
+    default_tap_layers,
+    resolve_eagle3,
+)
 from ..errors import check
 from .anchors import adamw_cosine
 from .data import step_taps
@@ -248,7 +255,7 @@ def plan(ctx):
     init_path = None
     if dc.init == "checkpoint" or (dc.init == "auto" and dc.get("checkpoint")):
         where = f"drafter.checkpoint={str(dc.checkpoint)!r}"
-        init_path = resolve_checkpoint(str(dc.checkpoint), dc.get("revision"))
+        init_path = resolve_eagle3(str(dc.checkpoint), dc.get("revision"))
         loaded = Eagle3DraftModel.from_pretrained(init_path, where)
         config = loaded.config
         check(not tc.init_from_target, "train.init_from_target=true with an EAGLE-3 checkpoint to fine-tune: the "
