@@ -99,6 +99,46 @@ def test_the_draft_vocabulary_is_the_most_frequent_response_tokens_and_d2t_maps_
     assert model.to_target(torch.arange(4)).tolist() == [2, 3, 5, 7]
 
 
+def test_the_draft_vocabulary_is_eagle3_s_frequency_count():
+    """Against EAGLE-3's own construction (EAGLE traineagle3 / SpecForge generate_vocab_mapping_file: a Counter of
+    the loss-masked tokens, most_common(N), sorted ascending, d2t = used - arange, t2d = membership), on Zipf-like
+    token data of 20 sequences: the same vocabulary wherever the count at the cut is not tied; at a tied cut every
+    token above the tied count is in and the tied ones taken are the lowest ids (here; EAGLE's Counter takes them
+    in the order they first occur in its data, which this construction does not depend on)."""
+    from collections import Counter
+
+    g = torch.Generator().manual_seed(0)
+    weights = 1.0 / torch.arange(1, 3001, dtype=torch.float64) ** 1.1                       # Zipf over 3,000 ids
+    perm = torch.randperm(3000, generator=g)                                                # frequency != id order
+    seqs = []
+    for i in range(20):
+        n = int(torch.randint(40, 200, (1,), generator=g))
+        ids = perm[torch.multinomial(weights, n, replacement=True, generator=g)]
+        mask = torch.arange(n) >= int(torch.randint(5, 30, (1,), generator=g))              # a prompt, then response
+        seqs.append(D.Sequence(str(i), ids, mask))
+    counter = Counter()
+    for s_ in seqs:
+        counter.update(s_.ids[s_.loss_mask].tolist())
+    counts = sorted(counter.values(), reverse=True)
+    untied = [n for n in range(50, len(counts)) if counts[n - 1] > counts[n]][:5]
+    tied = [n for n in range(50, len(counts)) if counts[n - 1] == counts[n]][:5]
+    assert untied and tied
+    for n in untied:
+        ref = sorted(k for k, _ in counter.most_common(n))
+        used = draft_vocab(seqs, 3000, n)
+        assert used.tolist() == ref, n
+        d2t = d2t_of(used)
+        t2d = t2d_index(d2t, 3000)
+        assert ((torch.arange(n) + d2t) == torch.tensor(ref)).all()
+        assert (t2d >= 0).nonzero().flatten().tolist() == ref                               # EAGLE's bool t2d
+    for n in tied:
+        cut = counts[n - 1]
+        used = set(draft_vocab(seqs, 3000, n).tolist())
+        above = {k for k, c in counter.items() if c > cut}
+        at_cut = sorted(k for k, c in counter.items() if c == cut)
+        assert above <= used and used - above == set(at_cut[: n - len(above)])
+
+
 def test_overfitting_one_sequence_drives_step0_accuracy_up(tiny_target):
     t = tiny_target
     seq = sequence(t)

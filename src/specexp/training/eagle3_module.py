@@ -51,10 +51,14 @@ a miss), `tau_sim` = mean over indices p with a step-0 position of 1 + the leadi
 from p drafts exactly those tokens until its first miss, so this is the chain's acceptance length at depth
 ttt_length under greedy verification when the data are the target's greedy answers).
 
-Draft vocabulary (a new drafter): `drafter.draft_vocab_size` null = the full target vocabulary (d2t = 0); else the
-draft_vocab_size most frequent response tokens of the training sequences (SpecForge counts the loss-masked tokens),
-ties by lower id, topped up with the lowest unused ids if fewer distinct tokens occur, sorted ascending; d2t holds
-offsets (target id = draft id + d2t[draft id]). Deterministic in the sequences.
+Draft vocabulary (a new drafter), EAGLE-3's construction (EAGLE `eagle/traineagle3/cnets.py`, SpecForge
+`generate_vocab_mapping_file` / `process_token_dict_to_mappings`): `drafter.draft_vocab_size` null = the full target
+vocabulary (d2t = 0); else count the response (loss-masked) tokens of the training sequences, keep the
+draft_vocab_size most frequent, sort them ascending; d2t holds offsets (target id = draft id + d2t[draft id]) and
+t2d (saved as a bool mask over the target vocabulary, as both write it) marks them. If fewer distinct tokens occur,
+the lowest unused ids fill the rest (SpecForge's top-up; EAGLE's own code would produce a short vocabulary). One
+named difference: a tie at the cut goes to the lower id, where both take tied tokens in the order they first occur
+in their data (a Counter's insertion order), so the vocabulary here does not depend on the order of the sequences.
 
 Init: random N(0, 0.02) linears, unit norms (drafters/dflash.py init_weights, seeded by train.seed), or a checkpoint
 (drafter.init=checkpoint: fine-tuning, its vocabulary and taps). `train.init_from_target=true` copies what fits from
@@ -97,7 +101,8 @@ LABELS = ("hard", "soft")
 
 # ------------------------------------------------------------------------------------------ vocabulary
 def draft_vocab(seqs, vocab_size: int, draft_vocab_size: int | None) -> torch.Tensor:
-    """Target ids of the draft vocabulary `[Vd]`, ascending (module docstring)."""
+    """Target ids of the draft vocabulary `[Vd]`, ascending: the `draft_vocab_size` most frequent response tokens of
+    `seqs`, ties (and unused ids, after every token that occurs) by lower id (module docstring)."""
     if draft_vocab_size is None or draft_vocab_size >= vocab_size:
         return torch.arange(vocab_size)
     counts = torch.zeros(vocab_size, dtype=torch.long)
