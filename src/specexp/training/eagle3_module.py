@@ -15,7 +15,8 @@ Data and labels. A sequence gives cached target taps `[S, 3*Ht]` (low, mid, high
   the real target: its last decoder layer's output (tap L-1 = HF's last hidden state, which transformers returns
   *after* the final norm) through its lm_head, `teacher()`. That tap rides along with the three EAGLE taps (the
   dataset carries taps + [L-1], cached or online), so the distribution is computed in each training step, in row
-  chunks, and only at the positions whose next token is a response token: nothing of size [S, V] is stored.
+  chunks of [rows, V] logits, and only at the positions whose next token is a response token: nothing of the
+  vocabulary's size is written to disk, and a step holds [response positions, Vd] fp32 probabilities.
 - `hard` (the mini recipe's named deviation, mini_eagle3, which made the committed mini checkpoint): the label is
   the data token. The mini data are the target's own greedy answers, so ids[p+1] is the argmax of the target's
   distribution after position p (up to fp rounding at near-ties): the hard label is the soft label's mode.
