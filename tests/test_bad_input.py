@@ -283,6 +283,8 @@ CASES = [
     case("cpu_threads_above_cores", [*TINY, f"cpu_threads={CORES + 1}"],
          f"cpu_threads={CORES + 1} is not valid; expected an int >= 1, or null (torch's default); at most this "
          f"machine's {CORES} cores"),
+    case("eagle3_labels_unknown", [*TRAIN, "drafter=eagle3", "drafter.labels=medium"],
+         "drafter.labels='medium' is not valid; expected hard (the data tokens) or soft (the target's distribution)"),
     case("tree_top_k_huge", [*EAGLE_TREE, "drafter.tree.top_k=100000"],
          "drafter.tree.top_k=100000 is not valid; expected an int >= 1, and at most the draft vocabulary; at most 64"),
     case("tree_top_k_above_vocab", [*EAGLE_TREE, "drafter.tree.top_k=20", "drafter.draft_vocab_size=10"],

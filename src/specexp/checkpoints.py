@@ -9,8 +9,11 @@ named by `model.safetensors.index.json`), plus whatever files a drafter keeps be
   `card.json` key `rebuild`.
 
 - Loads are strict: a missing, unexpected or misshapen tensor, an unreadable file or a config that is not a
-  JSON object is one `UserError` line naming the directory (`where`) and the fault. Safetensors only: no pickle
-  is ever read.
+  JSON object is one `UserError` line naming the directory (`where`) and the fault. This project writes
+  safetensors only. The one pickle format it reads is a PyTorch file of foreign weights (EAGLE's released
+  `pytorch_model.bin`, the DeLS-Spec release's `.pt` files), and only through `read_torch` here:
+  `torch.load(weights_only=True)`, whose unpickler builds tensors, dicts, lists and plain scalars and refuses
+  every other global (any class or function a crafted file names), so no code in the file runs.
 - Saves are atomic per file (write a temporary file in the same directory, then `os.replace`), weights first,
   config last, so a reader never sees a config whose weights are not complete.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -27,6 +31,7 @@ from .errors import UserError, check
 from .files import read_bytes, stored
 
 CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = "config.json", "model.safetensors", "model.safetensors.index.json"
+TORCH_WEIGHTS_FILE = "pytorch_model.bin"        # EAGLE's released drafters (torch.save of a state dict)
 XZ = ".xz"
 
 
@@ -47,6 +52,48 @@ def read_tensors(file: str | os.PathLike, where: str) -> tuple[dict[str, torch.T
         return load(data), header.get("__metadata__") or {}
     except Exception as e:                             # a torn or foreign file: safetensors raises many types
         raise UserError(f"{where}: cannot read {on_disk.name} ({type(e).__name__}: {e})") from None
+
+
+def read_torch(file: str | os.PathLike, where: str, allowed=()):
+    """A PyTorch file (`torch.save`) read on the CPU with `weights_only=True`: tensors, dicts, lists and plain
+    scalars only. `allowed`: further classes the caller accepts as data (`torch.serialization.safe_globals`,
+    e.g. `argparse.Namespace`). A file that needs any other global, a torn file or one that is not a PyTorch file
+    is one `UserError` line naming it and what was refused; nothing in it is executed."""
+    file = Path(file)
+    check(file.is_file(), f"{where}: no {file.name} in {file.parent}")
+    try:
+        with torch.serialization.safe_globals(list(allowed)):
+            return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:                # UnpicklingError, RuntimeError, EOFError, ... for a foreign or torn file
+        raise UserError(f"{where}: {file.name} is not a weights-only PyTorch file ({_refusal(e)}); only tensors, "
+                        f"dicts, lists and plain scalars are loaded, never code") from None
+
+
+def _refusal(e: Exception) -> str:
+    """What torch.load refused, whole: the global it would have had to import (`GLOBAL os.system`), else the first
+    line of the error. torch's own message is a paragraph of advice; cutting it at a length cut the name in half."""
+    text = str(e)
+    found = re.search(r"GLOBAL (\S+?)(?= was| whose|\s|$)", text)
+    if found:
+        return f"it needs the global {found.group(1)}, which is refused"
+    advice = ("Weights only load failed", "Please file an issue", "Check the documentation")
+    lines = [ln.strip().removeprefix("WeightsUnpickler error:").strip() for ln in text.splitlines()]
+    why = next((ln for ln in lines if ln and not ln.startswith(advice)), "")
+    return f"{type(e).__name__}: {why}" if why else type(e).__name__
+
+
+def read_torch_state(file: str | os.PathLike, where: str) -> dict[str, torch.Tensor]:
+    """A state dict saved by `torch.save` (EAGLE's `pytorch_model.bin`), read by `read_torch`: it must be a flat
+    mapping of tensor name -> tensor, else one line naming the first thing that is not."""
+    file = Path(file)
+    raw = read_torch(file, where)
+    check(isinstance(raw, dict), f"{where}: {file.name} holds a {type(raw).__name__}, not a state dict (a mapping "
+                                 "of tensor name -> tensor)")
+    for k, v in raw.items():
+        check(isinstance(k, str) and isinstance(v, torch.Tensor),
+              f"{where}: {file.name}: entry {k!r} is a {type(v).__name__}, not a tensor; a state dict maps tensor "
+              "names to tensors")
+    return dict(raw)
 
 
 def _missing_weights(path: Path, where: str) -> str:

@@ -331,6 +331,7 @@ RULES = {
                                                                  f"vocabulary); {_upto(MAX_TOKENS)}"),
     "drafter.ttt_length": (_int(1, MAX_BLOCK), f"an int >= 1 (training-time test steps); {_upto(MAX_BLOCK)}"),
     "drafter.ttt_decay": (_num(0, lo_open=True), "a finite number > 0"),
+    "drafter.labels": (_one_of("hard", "soft"), "hard (the data tokens) or soft (the target's distribution)"),
     "export.format": (_one_of(*EXPORT_FORMATS), ", ".join(EXPORT_FORMATS[:-1]) + " or " + EXPORT_FORMATS[-1]),
     "export.out": (_null_or(lambda v: isinstance(v, str) and v != ""), "null (<run dir>/model) or a directory path"),
     "export.dtype": (_one_of(None, *DTYPES), "null (the checkpoint's dtypes), " + ", ".join(DTYPES)),

@@ -154,7 +154,8 @@ def plan(cfg, run_dir) -> Plan:
     out = out_dir_of(ex, run_dir)
     push = check_push(ex)
     where = f"drafter.checkpoint={str(d.checkpoint)!r}"
-    source = Path(dflash.resolve_checkpoint(str(d.checkpoint), d.get("revision")))
+    resolve = eagle3.resolve_eagle3 if d.name == "eagle3" else dflash.resolve_checkpoint   # EAGLE's .bin too
+    source = Path(resolve(str(d.checkpoint), d.get("revision")))
     check(not _nested(out, source), f"the export directory {out} and {where} nest; choose an export.out outside "
                                     f"the checkpoint")
     card = _read_card(source, where)

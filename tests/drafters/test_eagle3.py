@@ -222,7 +222,8 @@ def test_layouts_load_and_draft_identically(tiny_target, eagle, tmp_path, layout
     ("no_d2t", "no d2t tensor, but draft_vocab_size=4096 < vocab_size=151936"),
     ("float_d2t", "d2t has dtype torch.float32, expected int64"),
     ("missing", "missing tensor lm_head.weight"),
-    ("pickle", "pytorch_model.bin is a pickle file"),
+    ("pickle", "pytorch_model.bin is not a weights-only PyTorch file"),      # safetensors bytes under EAGLE's name
+    ("pt", "model.pt is a PyTorch file under a name EAGLE-3 checkpoints do not use"),
     ("layers", "num_hidden_layers=2"),
 ])
 def test_bad_checkpoints_are_one_line(eagle, tmp_path, fault, needle):
@@ -245,9 +246,106 @@ def test_bad_checkpoints_are_one_line(eagle, tmp_path, fault, needle):
     save_file(state, d / "model.safetensors")
     if fault == "pickle":
         (d / "model.safetensors").rename(d / "pytorch_model.bin")
+    if fault == "pt":
+        (d / "model.safetensors").rename(d / "model.pt")
     with pytest.raises(UserError) as e:
         Eagle3DraftModel.from_pretrained(d)
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+# ------------------------------------------------------------------- EAGLE's own releases: pytorch_model.bin
+def eagle_release(model, d):
+    """`model` written as EAGLE's releases are: config.json without eagle_config (EAGLE's code picks the taps by
+    its rule), `pytorch_model.bin` = torch.save of the fp16 state dict with the frozen embedding left out
+    (traineagle3's save_16bit_model(exclude_frozen_parameters=True)): fc, midlayer.*, norm, lm_head, d2t
+    (int64 offsets), t2d (bool over the target vocabulary)."""
+    d.mkdir(parents=True)
+    cfg = model.config.to_dict()
+    cfg.pop("eagle_config", None)
+    cfg["bias"] = False                                     # EAGLE's configs carry it (EAGLE-1's fc bias)
+    (d / "config.json").write_text(json.dumps(cfg))
+    state = {k: v.half() for k, v in model.state_dict().items() if k != "d2t"}
+    state["d2t"] = model.d2t.clone()
+    t2d = torch.zeros(model.config.vocab_size, dtype=torch.bool)
+    t2d[model.to_target(torch.arange(model.config.draft_vocab_size))] = True
+    state["t2d"] = t2d
+    assert not any(k.startswith("embed_tokens") for k in state)
+    torch.save(state, d / "pytorch_model.bin")
+    return state
+
+
+def test_eagle_pytorch_model_bin_loads_with_weights_only(tiny_target, eagle, drafter_cfg, tmp_path, monkeypatch):
+    """A directory in EAGLE's release layout (no model.safetensors) loads through torch.load(weights_only=True):
+    every tensor as written, taps by EAGLE's rule, and the same drafts as the same fp16 weights from safetensors;
+    the config path (drafter.checkpoint=DIR) and a hub id (the .bin is among the files downloaded) work too."""
+    state = eagle_release(eagle.model, tmp_path / "bin")
+    model = Eagle3DraftModel.from_pretrained(tmp_path / "bin")
+    loaded = model.state_dict()
+    assert set(loaded) == set(state) - {"t2d"} and model.embed_tokens is None
+    for k, v in loaded.items():
+        assert v.dtype == state[k].dtype and torch.equal(v, state[k]), k
+    assert model.config.tap_layers is None and model.config.draft_vocab_size == VD
+    st = tmp_path / "st"                                    # the same fp16 weights as safetensors
+    Eagle3DraftModel.from_pretrained(tmp_path / "bin").save_pretrained(st)
+    ids, anchor, taps = prompt_and_taps(tiny_target, eagle)
+    drafts = []
+    for m in (model, Eagle3DraftModel.from_pretrained(st)):
+        dr = Eagle3Drafter(m.float(), tiny_target, num_drafts=5)
+        assert dr.tap_layers == eagle.tap_layers == tuple(default_tap_layers(tiny_target.num_layers))
+        dr.prefill(taps, ids)
+        drafts.append(dr.propose(anchor, len(ids), 5, None).tokens.tolist())
+    assert drafts[0] == drafts[1]
+    built = build(drafter_cfg(init="checkpoint", checkpoint=str(tmp_path / "bin")), tiny_target)
+    built.prefill(taps, ids)
+    assert built.propose(anchor, len(ids), 5, None).tokens.tolist() == drafts[0]
+    # safetensors wins when both are present: the .bin beside it is never opened
+    (st / "pytorch_model.bin").write_bytes(b"not a pickle")
+    assert torch.equal(Eagle3DraftModel.from_pretrained(st).fc.weight, model.fc.weight)
+    import huggingface_hub
+
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda repo_id, revision=None, allow_patterns=None: asked.append(allow_patterns)
+                        or str(tmp_path / "bin"))
+    build(drafter_cfg(init="checkpoint", checkpoint="org/eagle3-release"), tiny_target)
+    assert "pytorch_model.bin" in asked[0] and "*.safetensors" in asked[0]
+
+
+class _Payload:
+    """Unpickling this would create `path` (a visible side effect): weights_only must refuse it unrun."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        import os
+
+        return os.makedirs, (self.path,)
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("code", "pytorch_model.bin is not a weights-only PyTorch file (it needs the global os.makedirs, which is "
+             "refused); only tensors, dicts, lists and plain scalars are loaded, never code"),
+    ("list", "pytorch_model.bin holds a list, not a state dict"),
+    ("scalar", "pytorch_model.bin: entry 'fc.weight' is a int, not a tensor"),
+    ("torn", "pytorch_model.bin is not a weights-only PyTorch file"),
+])
+def test_unsafe_or_foreign_pytorch_model_bin_is_one_line(eagle, tmp_path, content, needle):
+    state = eagle_release(eagle.model, tmp_path / "d")
+    marker = tmp_path / "ran"
+    f = tmp_path / "d" / "pytorch_model.bin"
+    if content == "code":
+        torch.save({**state, "extra": _Payload(marker)}, f)
+    elif content == "list":
+        torch.save(list(state.values()), f)
+    elif content == "scalar":
+        torch.save({**state, "fc.weight": 3}, f)
+    else:
+        f.write_bytes(f.read_bytes()[:100])
+    with pytest.raises(UserError) as e:
+        Eagle3DraftModel.from_pretrained(tmp_path / "d")
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert not marker.exists()                              # nothing in the file ran
 
 
 def _without_ids(drafter):

@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -199,29 +198,9 @@ def is_release(path: str | os.PathLike) -> bool:
 
 
 def _torch_file(f: Path, where: str):
-    """A PyTorch file read with weights_only=True: tensors, dicts, lists and plain scalars only; a file that
-    needs any other class (code) is refused in one line, never unpickled."""
-    check(f.exists(), f"{where}: no {f.name} in {f.parent}")
-    try:
-        # the training checkpoint keeps its argparse.Namespace under "args": allowed as data (attributes only)
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(f, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise UserError(f"{where}: {f.name} is not a weights-only PyTorch file ({_refusal(e)}); only tensors, dicts, "
-                        f"lists and plain scalars are loaded, never code") from None
-
-
-def _refusal(e: Exception) -> str:
-    """What torch.load refused, whole: the global it would have had to import (`GLOBAL os.system`), else the first
-    line of the error. torch's own message is a paragraph of advice; cutting it at a length cut the name in half."""
-    text = str(e)
-    found = re.search(r"GLOBAL (\S+?)(?= was| whose|\s|$)", text)
-    if found:
-        return f"it needs the global {found.group(1)}, which is refused"
-    advice = ("Weights only load failed", "Please file an issue", "Check the documentation")
-    lines = [ln.strip().removeprefix("WeightsUnpickler error:").strip() for ln in text.splitlines()]
-    why = next((ln for ln in lines if ln and not ln.startswith(advice)), "")
-    return f"{type(e).__name__}: {why}" if why else type(e).__name__
+    """A release file read by `checkpoints.read_torch` (weights_only=True): the training checkpoint keeps its
+    argparse.Namespace under "args", allowed as data (attributes only)."""
+    return ckpt.read_torch(f, where, allowed=[argparse.Namespace])
 
 
 def load_release(path: str | os.PathLike, hidden_size: int, vocab_size: int, smoothing: float,

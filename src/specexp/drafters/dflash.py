@@ -505,10 +505,11 @@ class DFlashDrafter:
         return out
 
 
-def resolve_checkpoint(path_or_id: str, revision: str | None = None) -> Path:
+def resolve_checkpoint(path_or_id: str, revision: str | None = None, extra: tuple[str, ...] = ()) -> Path:
     """A local directory, or a hub repo id downloaded (config + safetensors only, never code) at `revision`
     (`drafter.revision`: a branch, tag or commit; None = the default branch). The returned snapshot directory
-    ends in the commit it holds, which training records as the backbone it started from."""
+    ends in the commit it holds, which training records as the backbone it started from. `extra`: more file
+    names to download, for a loader that reads them safely (EAGLE-3: `pytorch_model.bin`, weights_only)."""
     p = Path(os.path.expanduser(path_or_id))
     in_repo = REPO_ROOT / path_or_id                 # committed mini checkpoints, from any working directory
     local = p if p.exists() or path_or_id.startswith((".", "/", "~")) or path_or_id.count("/") != 1 else None
@@ -523,7 +524,8 @@ def resolve_checkpoint(path_or_id: str, revision: str | None = None) -> Path:
     revision = pins.revision(path_or_id, revision)
     try:
         return Path(snapshot_download(path_or_id, revision=revision,
-                                      allow_patterns=["config.json", "*.safetensors", "model.safetensors.index.json"]))
+                                      allow_patterns=["config.json", "*.safetensors", "model.safetensors.index.json",
+                                                      *extra]))
     except Exception as e:
         at = f" at revision {revision!r}" if revision is not None else ""
         raise UserError(f"drafter.checkpoint={path_or_id!r}: not a local directory and not downloadable from the "

@@ -2,7 +2,7 @@
 as a chain or as an EAGLE-2-style dynamic tree. Training (training-time test): training/eagle3_module.py.
 
 Own implementation of the public EAGLE-3 checkpoint layouts (SafeAILab/EAGLE `eagle/model/cnets.py`, SpecForge
-`specforge/modeling/draft/llama3_eagle.py` `LlamaForCausalLMEagle3`), no remote code, safetensors only:
+`specforge/modeling/draft/llama3_eagle.py` `LlamaForCausalLMEagle3`), no remote code:
   config.json        Llama fields (hidden_size, intermediate_size, heads, head_dim, rms_norm_eps, rope_theta,
                      vocab_size) + `draft_vocab_size`, optional `target_hidden_size`, `fc_norm`, `norm_output`,
                      `eagle_config.eagle_aux_hidden_state_layer_ids`; `num_hidden_layers` must be 1
@@ -10,6 +10,10 @@ Own implementation of the public EAGLE-3 checkpoint layouts (SafeAILab/EAGLE `ea
                      mlp.{gate,up,down}_proj, input_layernorm, hidden_norm, post_attention_layernorm}.weight`,
                      `norm.weight`, `lm_head.weight` [Vd, H], `d2t` [Vd] int64, optional `t2d` [V] bool,
                      optional `embed_tokens.weight` [V, H] (else the target's embedding is used).
+  pytorch_model.bin  instead of model.safetensors: EAGLE's own releases (`EaModel.from_pretrained` reads this name
+                     first; its trainer saves the state dict with the frozen embedding left out, so fc, midlayer.*,
+                     norm, lm_head, d2t and t2d, in fp16). Read by `checkpoints.read_torch_state`, i.e.
+                     `torch.load(weights_only=True)`: a file that needs any class or function is refused in one line.
   Accepted spellings: `layers.0.` for `midlayer.` (vLLM-native), a leading `model.`, `draft_id_to_target_id` for d2t.
 
 Conventions:
@@ -301,14 +305,20 @@ def read_state(path: Path, config: Eagle3Config, where: str) -> dict[str, torch.
     """The checkpoint's tensors under this module's names, strictly checked against `config`: every fault (missing,
     unexpected or misshapen tensor, missing or invalid d2t) is one line naming the file, the tensor and what was
     expected."""
-    pickles = sorted(p.name for p in path.glob("*") if p.suffix in (".bin", ".pt", ".pth"))
-    check(ckpt.stored(path / ckpt.WEIGHTS_FILE) is not None or (path / ckpt.INDEX_FILE).exists() or not pickles,
-          f"{where}: {pickles[0] if pickles else ''} is a pickle file; only safetensors weights are loaded "
-          f"(unpickling can run code): convert it to {ckpt.WEIGHTS_FILE}")
-    files = ckpt.shards(path, where)
+    safetensors = ckpt.stored(path / ckpt.WEIGHTS_FILE) is not None or (path / ckpt.INDEX_FILE).exists()
+    if not safetensors and (path / ckpt.TORCH_WEIGHTS_FILE).is_file():
+        files = [ckpt.TORCH_WEIGHTS_FILE]                   # EAGLE's own releases: torch.save of the state dict
+    else:
+        pickles = sorted(p.name for p in path.glob("*") if p.suffix in (".bin", ".pt", ".pth"))
+        check(safetensors or not pickles,
+              f"{where}: {pickles[0] if pickles else ''} is a PyTorch file under a name EAGLE-3 checkpoints do not "
+              f"use; {ckpt.WEIGHTS_FILE} (safetensors) or {ckpt.TORCH_WEIGHTS_FILE} (read with weights_only=True) "
+              "are loaded")
+        files = ckpt.shards(path, where)
     state, origin = {}, {}
     for shard in files:
-        raw = ckpt.read_tensors(path / shard, where)[0]
+        raw = (ckpt.read_torch_state(path / shard, where) if shard == ckpt.TORCH_WEIGHTS_FILE
+               else ckpt.read_tensors(path / shard, where)[0])
         for k, t in raw.items():
             name = _canonical(k)
             check(name not in state, f"{where}: {shard}: tensor {k} duplicates {origin.get(name, ('', name))[1]}")
@@ -502,6 +512,12 @@ class Eagle3Drafter:
         return Proposal(m.to_target(tok[keep]), parents=parents)
 
 
+def resolve_eagle3(path_or_id: str, revision: str | None = None) -> Path:
+    """`resolve_checkpoint` for an EAGLE-3 checkpoint: a hub download also fetches EAGLE's `pytorch_model.bin`
+    (its releases ship no safetensors), which `read_state` reads with weights_only=True."""
+    return resolve_checkpoint(path_or_id, revision, extra=(ckpt.TORCH_WEIGHTS_FILE,))
+
+
 def build(cfg, target) -> Eagle3Drafter:
     """From the `drafter` config group: `init=random` (sized to the target), `init=checkpoint`, or `init=auto`
     (the checkpoint when one is set, else random)."""
@@ -524,7 +540,7 @@ def build(cfg, target) -> Eagle3Drafter:
         check(bool(cfg.get("checkpoint")), "drafter.init=checkpoint needs drafter.checkpoint=DIR (or a hub id); "
                                            "use drafter.init=random for a random-init drafter")
         where = f"drafter.checkpoint={str(cfg.checkpoint)!r}"
-        model = Eagle3DraftModel.from_pretrained(resolve_checkpoint(str(cfg.checkpoint), cfg.get("revision")), where)
+        model = Eagle3DraftModel.from_pretrained(resolve_eagle3(str(cfg.checkpoint), cfg.get("revision")), where)
     else:
         raise UserError(f"drafter.init={cfg.init!r} is not valid; choose one of: auto, random, checkpoint")
     taps = list(taps or model.config.tap_layers or default_tap_layers(target.num_layers))

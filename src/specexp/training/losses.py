@@ -22,7 +22,7 @@ CHUNK_ROWS = 1024        # 1024 x 151,936 fp32 logits = 0.6 GB per chunk (x ~3 w
 
 def _rows(logits_fn, labels, *parts):
     logits = logits_fn(*parts).float()                                                   # [m, V]
-    ce = F.cross_entropy(logits, labels, reduction="none")                               # [m]
+    ce = F.cross_entropy(logits, labels, reduction="none")                               # [m]; labels [m] or [m, V]
     with torch.no_grad():
         conf, arg = torch.softmax(logits, -1).max(-1)                                    # [m], [m]
     return ce, arg, conf
@@ -30,7 +30,9 @@ def _rows(logits_fn, labels, *parts):
 
 def chunked_ce(logits_fn: Callable[..., torch.Tensor], rows: Sequence[torch.Tensor], labels: torch.Tensor,
                chunk_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-row cross-entropy of `logits_fn(*row_chunk) [m, V]` (computed in fp32) against `labels [M]`.
+    """Per-row cross-entropy of `logits_fn(*row_chunk) [m, V]` (computed in fp32) against `labels`: class ids
+    `[M]` (hard labels, -log q[label]) or a distribution per row `[M, V]` (soft labels, -sum_v p[v] log q[v], the
+    EAGLE-3 distillation loss; `F.cross_entropy`'s probability targets, used as given, not renormalised).
 
     `rows` are tensors sharing their first dimension M (hidden states, head states, per-row scalars);
     `logits_fn` maps a chunk of each to logits and may use parameters (their gradients flow, as do those of
@@ -51,5 +53,5 @@ def chunked_ce(logits_fn: Callable[..., torch.Tensor], rows: Sequence[torch.Tens
         confs.append(conf)
     if not ces:
         empty = labels.new_zeros(0, dtype=torch.float32)
-        return empty, labels.new_zeros(0), empty
+        return empty, labels.new_zeros(0, dtype=torch.long), empty
     return torch.cat(ces), torch.cat(args), torch.cat(confs)
