@@ -945,6 +945,7 @@ class OracleDrafter:
 
 ORACLE_NS = (0, 3, 7, 15)          # forced accepted drafts per round (clipped to the drafter's K)
 ORACLE_NS_BF16 = (0, 7, 15)        # the 36-layer bf16 sweep: fewer points (its four took > 105 s on an H200)
+ORACLE_NS_DRY = (0, 3, 15)         # dry run: reject all, a partial and a full accept (~10 s per n and drafter)
 ORACLE_NEAR_TIE = 0.5              # bf16: eval=paper's near_tie (logits of 16..64 are 0.125..0.25 apart)
 
 
@@ -1041,7 +1042,8 @@ def _oracle_sweep(ctx, t, label: str, layers: int, prompt: list[int], tokens: in
     for name, over in _oracle_drafters(ctx, layers).items():
         with step(res, checks, f"{label}/{name}"):
             d = registry.build_drafter(compose(over).drafter, t)
-            ns = sorted({min(n, d.max_drafts) for n in (ORACLE_NS if exact else ORACLE_NS_BF16)})
+            grid = ORACLE_NS_DRY if ctx.dry else ORACLE_NS if exact else ORACLE_NS_BF16
+            ns = sorted({min(n, d.max_drafts) for n in grid})
             generate(t, OracleDrafter(d, ar.tokens, len(prompt), ns[-1], t.vocab_size, dev), prompt,
                      DecodeConfig(protocol="greedy", max_new_tokens=2 * d.max_drafts + 2))   # warm-up: graphs, Triton
             rows = res["drafters"][name] = {"K": d.max_drafts}
@@ -1074,7 +1076,8 @@ def part_oracle_decode(ctx) -> dict:
     P, G = (16, 12) if ctx.dry else (256, ctx.args.oracle_tokens)
     rnd = random.Random(0)
     prompt = [rnd.randrange(151643) for _ in range(P)]
-    f, checks, notes = {"prompt_tokens": P, "new_tokens": G, "ns": list(ORACLE_NS)}, {}, []
+    ns = ORACLE_NS_DRY if ctx.dry else ORACLE_NS
+    f, checks, notes = {"prompt_tokens": P, "new_tokens": G, "ns": list(ns)}, {}, []
     # fp32, 4 layers at 8B widths: the engine's accept / rollback / commit must reproduce AR exactly
     with step(f, checks, "fp32"):
         t, f["attn_implementation"] = _build_qwen3(ctx, _qwen3_shape(ctx, 4), torch.float32)
