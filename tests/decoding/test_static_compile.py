@@ -144,6 +144,22 @@ def test_the_graph_path_reuses_its_buffers(tiny_target, static, cfg_factory, mon
     assert live.pooled and not other.pooled and other.k.data_ptr() != live.k.data_ptr()
 
 
+def test_a_greedy_round_still_syncs_once(tiny_target, cfg_factory, monkeypatch):
+    """The fixed-shape step and its graph path read nothing back: AR and DFlash rounds keep their one sync."""
+    from test_syncs import Syncs
+
+    from specexp.kernels import graphs
+
+    monkeypatch.setattr(graphs, "GraphedLoop", EagerLoop)
+    graphed = StaticTarget.of(tiny_target, compile=True, inductor=False)
+    graphed.graphs = True
+    ids = tiny_target.encode_chat([{"role": "user", "content": PROMPTS[0]}])
+    syncs = Syncs(monkeypatch)
+    for drafter in (None, _dflash(cfg_factory, tiny_target)):
+        counts, gen = syncs.per_round(graphed, drafter, ids, max_new_tokens=10)
+        assert len(counts) == len(gen.accept_lengths) >= 3 and counts == [1] * len(counts), (counts, syncs.where)
+
+
 def test_the_config_key_builds_a_compiled_static_target(cfg_factory):
     cfg = cfg_factory("drafter=none", "target.engine=static", "target.compile=true")
     target = registry.build_target(cfg.target, torch.device("cpu"))
