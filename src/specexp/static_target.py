@@ -197,7 +197,8 @@ class StaticTarget(Target):
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, start: int, cache: StaticKV, taps: Sequence[int] = (),
                 last_only: bool = False, tree=None):
-        """As `Target.forward`: `ids [1, T]` at `start ..` (or at `start + tree.depth`), appended to the cache."""
+        """As `Target.forward`: `ids [1, T]` at `start ..` (or at `start + tree.depth`), appended to the cache.
+        Compiled (`set_compile`): a block after the prefill goes through the fixed-shape step (`_fixed_forward`)."""
         check(not self.lean, f"target {self.name} was loaded without its decoder layers; it cannot run a forward")
         t, before = ids.shape[1], cache.length
         end = before + t
