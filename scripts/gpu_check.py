@@ -4,7 +4,7 @@ others down; each has a time limit) and is recorded as passed / failed / skipped
 when it fails, the error text. The report is rewritten after every part, and a part killed at its limit keeps the
 figures it saved before (`Ctx.save_partial`).
 
-    bash scripts/gpu_check.sh --out gpu_check.json     # all parts on cuda:0, at most 8 minutes (BUDGET_S)
+    bash scripts/gpu_check.sh --out gpu_check.json     # all parts on cuda:0, at most 9.5 minutes (BUDGET_S)
     bash scripts/gpu_check.sh --out r.json --sections oracle_decode,kernel_parity --layers 18   # a subset
     bash scripts/gpu_check.sh --dry-run                # what a CPU can run: kernels under TRITON_INTERPRET=1
 
@@ -15,6 +15,13 @@ Parts (`--list`), most valuable first (a run cut short loses the least):
                         block 16), DeLS / Domino-FT propose eager vs graph + Triton, ratios to the HBM floor,
                         peak memory; FlashAttention-2 against SDPA when flash_attn imports; the same AR step and
                         verify through target.engine=static (preallocated KV cache), its syncs and logits vs HF
+  static_graph          target.engine=static target.compile=true at Qwen3-8B shapes (random weights, bf16): the AR
+                        step and a verify of 16 rows through the eager static engine, the fixed-shape step captured
+                        as CUDA graphs (plain PyTorch) and compiled by inductor then captured; first-call seconds
+                        (capture, compilation), host syncs per step (none on the graph paths), logits against the
+                        eager static engine (argmax equal where the top-2 gap exceeds twice the difference), every
+                        time over the HBM floor (weights but the embedding and the KV cache, over the read bandwidth
+                        measured by a sum over 1 GiB)
   oracle_decode         end-to-end greedy decoding through the real engine (decoding/engine.py) at Qwen3-8B widths,
                         per drafter (DFlash, DeLS-RNN / Markov, Domino-FT, EAGLE-3 chain; random init), with an oracle
                         forcing n accepted drafts a round (n = 0, 3, 7, 15, up to the drafter's K): the drafter's
@@ -46,14 +53,17 @@ Parts (`--list`), most valuable first (a run cut short loses the least):
   train_smoke           task=train target=tiny_qwen3 data=smoke train=smoke (flex attention, torch.compile,
                         bf16-mixed on GPU)
 
-Time limits (PARTS; seconds on one H200, summing to BUDGET_S = 480 with the process start of each part, ~10 s for
+Time limits (PARTS; seconds on one H200, summing to BUDGET_S = 570 with the process start of each part, ~10 s for
 torch + CUDA + transformers). Deadlines are cumulative: part i must end by the sum of the limits up to i, so what
-a part leaves unused goes to the later ones and the whole run stays within 480 s. Set from the first H200 run
+a part leaves unused goes to the later ones and the whole run stays within 570 s. Set from the first H200 run
 (2026-12-04, experiments/results/gpu/2026-12-04/; wall seconds per part, the limit then -> now) and the CPU dry run
 (2 busy cores, the image's package set simulated, 542 s in all):
   qwen3_8b_shape    110  H200 93 s with 30-iteration timings (95 -> over its limit once, passed alone); now 10
                          iterations. ~20 s of it is the host-side random init of the 5-layer DFlash drafter at 8B
                          widths (drafters/dflash.init_weights draws on the CPU). CPU dry run 22 s
+  static_graph       90  not yet run on a GPU; estimated: start + build ~15 s, eager timings (20 iterations x 5
+                         repeats of a ~35 ms step and a verify) ~10 s, two captures of the plain step ~5 s, inductor
+                         compiling one decoder layer per shape (2 shapes) and capturing ~30-60 s. CPU dry run 54 s
   oracle_decode     140  H200: the fp32 sweep (4 layers, 64 tokens, 5 drafters x 4 n) took ~60 s, the bf16 sweep at
                          36 layers did not finish in 165 s (4 of 5 drafters); now 48 tokens. CPU dry run 112 s
   kernel_parity      30  H200 26 s. CPU dry run 58 s (interpreter, V = 2048)
@@ -914,6 +924,111 @@ def part_qwen3_8b_shape(ctx) -> dict:
     return {"figures": f, "checks": checks, "notes": notes}
 
 
+def part_static_graph(ctx) -> dict:
+    """`target.engine=static target.compile=true` at Qwen3-8B shapes: the AR step and a verify of 16 rows through
+    the eager static engine, the fixed-shape step captured as CUDA graphs (plain PyTorch, `inductor=False`) and the
+    same compiled by inductor (its decoder layer, `unit="layer"`) and captured; first-call seconds (capture,
+    compilation), host syncs per step, logits against the eager static engine, each beside the HBM floor: the bytes
+    a step must read (every weight but the embedding table, and the KV cache) over the device's measured read
+    bandwidth."""
+    import torch
+
+    from specexp.eval.metrics import top2_gap
+    from specexp.kernels import graphs
+    from specexp.static_target import StaticTarget
+
+    dev, dtype = ctx.device, qwen3_dtype(ctx)
+    cuda = dev.type == "cuda"
+    shape = _qwen3_shape(ctx)
+    t0 = time.perf_counter()
+    t, impl = _build_qwen3(ctx, shape, dtype, name="static_graph")
+    f = {"shape": shape, "scaled": ctx.dry or shape["num_hidden_layers"] != 36, "dtype": str(dtype),
+         "build_s": time.perf_counter() - t0, "engines": {}}
+    checks, notes = {}, []
+    P, B = (64 if ctx.dry else ctx.args.context), 16
+    iters = 1 if ctx.dry else 20
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 151643, (1, P), generator=g).to(dev)                             # [1, P]
+    block = torch.randint(0, 151643, (1, B), generator=g).to(dev)                              # [1, B]
+    if not cuda:                               # the graph path's buffers and pool, with the capture a plain call
+        from helpers import EagerLoop
+
+        graphs.GraphedLoop = EagerLoop
+        notes.append("dry run: the CUDA-graph path runs with its capture replaced by a plain call of the captured "
+                     "body (tests/helpers.EagerLoop): static buffers, pool and shapes are exercised, CUDA graphs not")
+    variants = {"eager": dict(compile=False), "graph": dict(compile=True, inductor=False),
+                "compiled_graph": dict(compile=True, inductor=True)}
+    ref, window = {}, P
+    for name, kw in variants.items():
+        with step(f, checks, name):
+            st = StaticTarget.of(t, **kw)
+            st.graphs = st.compiled                     # on a CPU too (EagerLoop above)
+            cache = st.new_cache(P + 2 * B)
+            window = max(window, cache.capacity)
+            with torch.inference_mode():
+                st.forward(prompt, 0, cache)
+
+            def run(rows, st=st, cache=cache):
+                out = st.forward(block[:, :rows], P, cache)
+                st.rollback(cache, rows)
+                return out
+            row = f["engines"][name] = {"capacity": cache.capacity}
+            for rows, key in ((1, "ar"), (B, "verify")):
+                sync(dev)
+                t1 = time.perf_counter()
+                logits = run(rows)[0][0].float()                                                 # [rows, V]
+                sync(dev)
+                row[f"{key}_first_call_s"] = time.perf_counter() - t1
+                row[f"{key}_ms"] = time_ms(lambda rows=rows: run(rows), dev, iters)
+                row[f"{key}_syncs"] = syncs_of(lambda rows=rows: run(rows), dev)
+                if name == "eager":
+                    ref[key] = logits
+                    continue
+                diff = float((logits - ref[key]).abs().max())
+                same = logits.argmax(-1) == ref[key].argmax(-1)                                   # [rows]
+                clear = top2_gap(ref[key]) > 2 * diff            # no rounding within `diff` can flip these argmaxes
+                row[f"{key}_max_abs_logit_diff_vs_eager"] = diff
+                row[f"{key}_argmax_agreement_vs_eager"] = float(same.float().mean())
+                checks[f"{name}_{key}_matches_eager"] = bool(same[clear].all())
+                if cuda:
+                    checks[f"{name}_{key}_has_no_sync"] = row[f"{key}_syncs"] == 0
+            row["verify_in_ar_steps"] = row["verify_ms"] / row["ar_ms"]
+            if name != "eager" and "eager" in f["engines"]:
+                row["ar_speedup_vs_eager"] = f["engines"]["eager"]["ar_ms"] / row["ar_ms"]
+                row["verify_speedup_vs_eager"] = f["engines"]["eager"]["verify_ms"] / row["verify_ms"]
+            ctx.save_partial(f, checks, notes)
+            st = cache = None
+            if cuda:
+                torch.cuda.empty_cache()
+
+    # the floor: the bytes of one step (weights but the embedding table, the KV cache of the context or of the padded
+    # window) over the measured read bandwidth (a sum over 1 GiB of the model's dtype: reads only)
+    weights = sum(p.numel() * p.element_size() for n, p in t.model.named_parameters() if "embed_tokens" not in n)
+    kv_per_pos = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * dtype.itemsize
+    with step(f, checks, "read_bandwidth"):
+        buf = torch.ones((2**30 if cuda else 2**26) // dtype.itemsize, dtype=dtype, device=dev)
+        ms = time_ms(lambda: buf.sum(), dev, 10 if cuda else 2)
+        bw = buf.numel() * buf.element_size() / (ms / 1e3)
+        buf = None
+        floor = {"read_bandwidth_gbs": bw / 1e9, "weight_bytes": weights, "kv_bytes_context": kv_per_pos * P,
+                 "kv_bytes_window": kv_per_pos * window, "window": window,
+                 "floor_ms": (weights + kv_per_pos * P) / bw * 1e3,
+                 "floor_ms_window": (weights + kv_per_pos * window) / bw * 1e3,
+                 "assumed_tbs": ctx.args.hbm_tbs, "floor_ms_assumed": (weights + kv_per_pos * P)
+                 / (ctx.args.hbm_tbs * 1e12) * 1e3}
+        for name, row in f["engines"].items():
+            for key in ("ar", "verify"):
+                if f"{key}_ms" in row:
+                    row[f"{key}_over_floor"] = row[f"{key}_ms"] / floor["floor_ms"]
+        f["hbm"] = floor
+    f["peak_memory"] = peak_memory(dev)
+    if f["scaled"]:
+        notes.append(f"scaled shape: {shape} (Qwen3-8B: hidden 4096, 36 layers, 32/8 heads, 12288, 151936)")
+    if not cuda:
+        notes.append("dry run: CPU timings and bandwidth (a 64 MiB reduction), no sync counts")
+    return {"figures": f, "checks": checks, "notes": notes}
+
+
 class OracleDrafter:
     """A drafter whose proposals are forced to an exact acceptance: its own `propose` runs (its cost is paid, its
     state advances), then its tokens are replaced by the target's greedy continuation `ar` (one AR run of the same
@@ -1108,6 +1223,7 @@ def part_oracle_decode(ctx) -> dict:
 
 PARTS = {   # name: (function, GPU time limit in s, Triton interpreted in a dry run); most valuable first (docstring)
     "qwen3_8b_shape": (part_qwen3_8b_shape, 110, False),
+    "static_graph": (part_static_graph, 90, False),
     "oracle_decode": (part_oracle_decode, 140, False),
     "kernel_parity": (part_kernel_parity, 30, True),
     "drafters_lossless": (part_drafters_lossless, 55, False),
@@ -1117,7 +1233,7 @@ PARTS = {   # name: (function, GPU time limit in s, Triton interpreted in a dry 
     "train_smoke": (part_train_smoke, 40, False),
 }
 ALIASES = {"fusion_kernel": "kernel_parity"}     # the former name of kernel_parity's timing half
-BUDGET_S = 480                                   # the whole check on a GPU: the limits above sum to at most this
+BUDGET_S = 570                                   # the whole check on a GPU: the limits above sum to at most this
 DRY_LIMIT_S = 900                                # per part in a dry run (CPU times, not budgeted)
 assert sum(limit for _, limit, _ in PARTS.values()) <= BUDGET_S
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# First contact with a GPU, offline, in 8 minutes: every part of scripts/gpu_check.py (its docstring lists them and
+# First contact with a GPU, offline, in 9.5 minutes: every part of scripts/gpu_check.py (its docstring lists them and
 # their time limits), most valuable first, one JSON report rewritten after each part.
 #   bash scripts/gpu_check.sh --out gpu_check.json               # exit status 1 when a part failed
 #   bash scripts/gpu_check.sh --sections oracle_decode,kernel_parity --out rerun.json    # a subset (alias --parts)

@@ -235,6 +235,11 @@ CASES = [
     case("shuffle_seed_abc", [*SMALL, "eval.shuffle_seed=abc"],
          "eval.shuffle_seed='abc' is not valid; expected an int"),
     case("split_bad", [*SMALL, "eval.split=test"], "eval.split='test' is not valid; expected eval or tune"),
+    case("compile_on_hf_engine", [*SMALL, "target.compile=true"],
+         "target.compile=true needs target.engine=static (the compiled steps run on its preallocated KV cache), not "
+         "target.engine=hf; add target.engine=static"),
+    case("compile_not_bool", [*SMALL, "target.engine=static", "target.compile=yes"],
+         "target.compile='yes' is not valid; expected true or false"),
     case("tune_samples_neg", [*SMALL, "eval.tune_samples=-2"],
          "eval.tune_samples=-2 is not valid; expected an int >= 0"),
     case("bool_as_str", [*SMALL, "eval.save_text=abc"], "eval.save_text='abc' has type str; expected bool"),

@@ -7,7 +7,7 @@ import sys
 import pytest
 from conftest import ROOT
 
-PARTS = ["qwen3_8b_shape", "oracle_decode", "kernel_parity", "drafters_lossless", "protocol_b_graph",
+PARTS = ["qwen3_8b_shape", "static_graph", "oracle_decode", "kernel_parity", "drafters_lossless", "protocol_b_graph",
          "head_loop_graph", "fusion_tiles_compile", "train_smoke"]     # most valuable first
 
 
@@ -47,4 +47,9 @@ def test_dry_run_writes_one_report_where_every_part_passed(tmp_path):
     q = r["parts"]["qwen3_8b_shape"]["figures"]
     assert q["scaled"] and q["hbm"]["floor_ms"] > 0 and q["syncs"]["sdpa"]["verify"] is None     # no CUDA here
     assert set(q["sequential_drafters"]) == {"dels_rnn", "dels_markov", "domino_ft"}
+    s = r["parts"]["static_graph"]["figures"]                  # eager static, graph path, compiled + graph path
+    assert set(s["engines"]) == {"eager", "graph", "compiled_graph"} and s["hbm"]["floor_ms"] > 0
+    for name in ("graph", "compiled_graph"):
+        e = s["engines"][name]
+        assert e["capacity"] == 256 and e["ar_argmax_agreement_vs_eager"] == e["verify_argmax_agreement_vs_eager"] == 1
     assert r["parts"]["train_smoke"]["figures"]["steps"] > 0

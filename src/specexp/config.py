@@ -294,6 +294,7 @@ RULES = {
     "benchmark.edition": (_one_of("staged", "reference"), "staged or reference"),
     "target.dtype": (_one_of("auto", *DTYPES), "auto, " + ", ".join(DTYPES)),
     "target.engine": (_one_of("hf", "static"), "hf or static"),
+    "target.compile": (_one_of(True, False), "true or false"),
     "target.hidden_size": (_int(1, MAX_WIDTH), f"an int >= 1; {_upto(MAX_WIDTH)}"),
     "target.intermediate_size": (_int(1, MAX_WIDTH), f"an int >= 1; {_upto(MAX_WIDTH)}"),
     "target.num_layers": (_int(1, MAX_LAYERS), f"an int >= 1; {_upto(MAX_LAYERS)}"),
@@ -485,6 +486,7 @@ def validate(cfg, job: dict | None = None) -> None:
         if found and not ok(node):
             raise UserError(f"{key}={_fmt(node)} is not valid; expected {valid}")
     _check_target_fit(values)
+    _check_compile(values)
     _check_drafter_checkpoint(values)
     _check_shard(values)
     _check_hub(values)
@@ -522,6 +524,15 @@ def _check_tree(values: dict) -> None:
 
 
 HALF_TRUE = ("bf16-true", "16-true")              # weights and activations in half precision, no float32 master
+
+
+def _check_compile(values: dict) -> None:
+    """`target.compile=true` compiles the static engine's steps (static_target.py): with the HF engine it would
+    change nothing, silently."""
+    t = values.get("target") or {}
+    if t.get("compile") is True and t.get("engine", "hf") != "static":
+        raise UserError(f"target.compile=true needs target.engine=static (the compiled steps run on its "
+                        f"preallocated KV cache), not target.engine={t.get('engine', 'hf')}; add target.engine=static")
 
 
 def _check_precision(values: dict) -> None:

@@ -171,7 +171,7 @@ def build_target(cfg, device, lean: bool = False):
         if cfg.get("engine", "hf") == "static":        # the same weights, run over a preallocated KV cache
             from .static_target import StaticTarget
 
-            target = StaticTarget.of(target)
+            target = StaticTarget.of(target, compile=bool(cfg.get("compile", False)))
         return target
     target = TARGETS[cfg.loader](cfg, device, lean=True)
     target.whole = lambda: TARGETS[cfg.loader](cfg, device)    # e.g. answers still to regenerate

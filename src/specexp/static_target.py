@@ -16,10 +16,42 @@ norm, as HF returns it); logits are those of the final
 norm and `lm_head`. Supported: decoder-only models whose layers all use full attention and whose attention module
 has `q_proj`/`k_proj`/`v_proj`/`o_proj` (Llama, Qwen2/3, Mistral without a sliding window); anything else is one
 line naming what is missing.
+
+`target.compile=true` (`StaticTarget.of(..., compile=True)`): every block after the prefill runs through a
+fixed-shape step, so that one compiled function (and on CUDA one captured graph) serves every step of a shape:
+- The attention window is the whole cache capacity S, not the slice `[:length + T]`: a mask lets row r see the
+  cached positions `< length` and its block's columns `length + j` that `visible[r, j]` allows. A masked score is
+  -inf before the softmax, so its weight is exactly 0 (not a small number); buffers start zeroed and every written
+  row is finite, so a masked value adds exactly 0 too (0 × finite). What the window costs is reading S keys
+  instead of length + T.
+- The cache length and the positions are device tensors (inputs of the step), the rows are written in place with
+  `index_copy_` at `length .. length+T-1`: nothing in the step is a Python int that changes as the context grows.
+- Shapes: a block of T rows runs padded to `step_rows(T)` rows (1, 2, 4, 8, then multiples of 8: a chain's
+  k + 1 = 16 stays 16, the shorter blocks at the end of a token budget fall into a few shapes). A padded row sees
+  the cache and itself, its outputs are dropped, and the keys it writes lie past the new length, never attended
+  before the next block overwrites them. The capacity is a power of two (`window(n)`, at least 256), and a
+  cache's buffers are reused by the next cache of the same capacity once the first is gone (a pool), so one
+  compiled function per (row count, capacity) serves every prompt.
+- The prefill (the first forward into a cache), a block of more than `MAX_STEP_ROWS` rows and a block whose
+  padded rows would not fit in the cache run the eager step above (a cache grown past its hint leaves the pool).
+- Compilation: `torch.compile(dynamic=False, fullgraph=True)` of the decoder layer (`unit="layer"`, the default):
+  its code, compiled once per shape, serves every layer, whose weights and cache slices are its inputs, so a
+  compilation costs one layer's (mini target, busy CPU: ~30 s a shape against ~140 s for the whole 30-layer step
+  as one graph, `unit="step"`, which buys nothing measurable there: experiments/results/engine/). The embedding,
+  mask, final norm and lm_head run as plain PyTorch around it.
+- CUDA: each shape's whole step (every layer) is captured in one `torch.cuda.CUDAGraph` (kernels/graphs.GraphedLoop)
+  with static input buffers (ids, positions, length, block mask) on the pooled cache, and replayed with its
+  outputs copied out: no Python and no launch per kernel at replay, whatever the compilation unit. Explicit
+  capture rather than `mode="reduce-overhead"`: the step mutates the KV cache in place, which CUDA-graph trees
+  replay only for inputs they treat as static (else they skip the graph, with a warning a run would not show),
+  their outputs are overwritten by the next replay unless every call marks a step, they would capture each
+  compiled layer apart, and an explicit capture wraps the plain step too (`inductor=False`: a capture costs one
+  forward, not a compilation), which scripts/gpu_check.py measures beside the compiled one.
 """
 from __future__ import annotations
 
 import sys
+import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -27,7 +59,23 @@ import torch
 import torch.nn.functional as F
 
 from .errors import check
+from .log import get as get_logger
 from .targets import Target
+
+LOG = get_logger(__name__)
+MAX_STEP_ROWS = 1024            # blocks up to this many rows run through the fixed-shape step (trees: 1,024 nodes)
+MIN_WINDOW = 256                # the smallest capacity of a cache of the fixed-shape step
+RECOMPILE_LIMIT = 64            # compiled shapes (rows x capacity x taps) one target may hold (dynamo's default: 8)
+
+
+def step_rows(t: int) -> int:
+    """The rows a block of `t` runs at in the fixed-shape step: 1, 2, 4, 8, then the next multiple of 8."""
+    return 1 << (t - 1).bit_length() if t <= 8 else -(-t // 8) * 8
+
+
+def window(n: int) -> int:
+    """The capacity of a fixed-shape cache holding `n` positions: a power of two, at least `MIN_WINDOW`."""
+    return max(MIN_WINDOW, 1 << (max(n, 1) - 1).bit_length())
 
 
 @dataclass
@@ -37,6 +85,7 @@ class StaticKV:
     k: torch.Tensor
     v: torch.Tensor
     length: int = 0
+    pooled: bool = False          # the buffers are the target's pooled ones (fixed-shape step: graphs may replay)
 
     @property
     def capacity(self) -> int:
@@ -50,8 +99,9 @@ class StaticTarget(Target):
     """A `Target` whose `forward`, `new_cache`, `rollback` and `keep` run on a `StaticKV` (module docstring)."""
 
     @classmethod
-    def of(cls, target: Target) -> "StaticTarget":
-        """The same model, tokenizer and settings, run by the static engine; unsupported models: one line."""
+    def of(cls, target: Target, compile: bool = False, inductor: bool = True, unit: str = "layer") -> "StaticTarget":
+        """The same model, tokenizer and settings, run by the static engine; unsupported models: one line.
+        `compile`: the fixed-shape step (`set_compile`)."""
         cfg = target.config
         where = f"target.engine=static ({target.name}, {cfg.model_type})"
         kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
@@ -64,10 +114,22 @@ class StaticTarget(Target):
               f"{where}: its modeling module has no apply_rotary_pos_emb; use target.engine=hf")
         fields = {f: getattr(target, f) for f in ("name", "model", "tokenizer", "mask_token_id", "stop_token_ids",
                                                   "chat_kwargs", "source", "flash_varlen", "lean", "whole")}
-        return cls(**fields)
+        out = cls(**fields)
+        out.set_compile(compile, inductor, unit)
+        return out
+
+    def set_compile(self, compile: bool, inductor: bool = True, unit: str = "layer") -> None:
+        """Run the blocks after the prefill through the fixed-shape step (module docstring): compiled by inductor
+        when `inductor` (`unit`: see `_step_function`), and on CUDA captured as one graph per shape;
+        `compile=False`: the eager step only."""
+        check(unit in ("layer", "step"), f"unit={unit!r}: layer or step")
+        self.compiled, self.inductor, self.unit = bool(compile), bool(inductor), unit
+        self.graphs = self.compiled and self.device.type == "cuda"        # one CUDA graph per shape (`_replay`)
+        self._pool, self._graphs, self._step_fn, self._layer_fn = {}, {}, None, None
 
     def __post_init__(self):
         super().__post_init__()
+        self.set_compile(False)
         if self.lean:
             return
         layers = self.model.model.layers
@@ -79,8 +141,27 @@ class StaticTarget(Target):
 
     def new_cache(self, capacity: int | None = None) -> StaticKV:
         """Buffers for `capacity` positions (default: the model's context), grown by doubling if a forward needs
-        more; the engine passes prompt + budget + one block."""
-        size = min(capacity or self.max_context, self.max_context)
+        more; the engine passes prompt + budget + one block. With the fixed-shape step and a `capacity`, the
+        capacity is `window(capacity)` and the buffers are the pool's of that size when no earlier cache on them
+        is alive (zeroed again), else new ones."""
+        if not self.compiled or capacity is None:
+            return self._buffers(min(capacity or self.max_context, self.max_context))
+        size = min(window(capacity), self.max_context)
+        held = self._pool.get(size)
+        if held is not None and held[0]() is None:            # the last cache on these buffers is gone
+            with torch.inference_mode():                      # buffers made in a generation are inference tensors
+                held[1].zero_()
+                held[2].zero_()
+            cache = StaticKV(held[1], held[2], pooled=True)
+        elif held is None:
+            cache = self._buffers(size)
+            cache.pooled = True
+        else:                                                 # two live caches of one size: the second is not pooled
+            return self._buffers(size)
+        self._pool[size] = (weakref.ref(cache), cache.k, cache.v)
+        return cache
+
+    def _buffers(self, size: int) -> StaticKV:
         shape = (self.num_layers, 1, self.kv_heads, size, self.head_dim)
         dev, dt = self.device, self.dtype
         return StaticKV(torch.zeros(shape, dtype=dt, device=dev), torch.zeros(shape, dtype=dt, device=dev))
@@ -90,6 +171,9 @@ class StaticTarget(Target):
         check(end <= self.max_context, f"target {self.name}: {end} positions exceed its context of "
                                        f"{self.max_context}")
         size = min(max(end, 2 * cache.capacity), self.max_context)
+        if self.compiled:
+            size = min(window(size), self.max_context)
+        cache.pooled = False                          # graphs captured on the old buffers no longer apply
         for name in ("k", "v"):
             old = getattr(cache, name)
             new = old.new_zeros((*old.shape[:3], size, old.shape[4]))
@@ -113,10 +197,13 @@ class StaticTarget(Target):
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, start: int, cache: StaticKV, taps: Sequence[int] = (),
                 last_only: bool = False, tree=None):
-        """As `Target.forward`: `ids [1, T]` at `start ..` (or at `start + tree.depth`), appended to the cache."""
+        """As `Target.forward`: `ids [1, T]` at `start ..` (or at `start + tree.depth`), appended to the cache.
+        Compiled (`set_compile`): a block after the prefill goes through the fixed-shape step (`_fixed_forward`)."""
         check(not self.lean, f"target {self.name} was loaded without its decoder layers; it cannot run a forward")
         t, before = ids.shape[1], cache.length
         end = before + t
+        if self.compiled and 0 < before and t <= MAX_STEP_ROWS and before + step_rows(t) <= cache.capacity:
+            return self._fixed_forward(ids, start, cache, tuple(taps), last_only, tree)
         if end > cache.capacity:
             self._grow(cache, end)
         dev = ids.device
@@ -157,3 +244,118 @@ class StaticTarget(Target):
         out = F.scaled_dot_product_attention(q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], attn_mask=mask,
                                              scale=self.scaling, enable_gqa=True)      # [1, Hq, T, D]
         return attn.o_proj(out.transpose(1, 2).reshape(1, t, -1))                       # [1, T, H]
+
+    # ------------------------------------------------------------------------------------ the fixed-shape step
+    def _fixed_forward(self, ids: torch.Tensor, start: int, cache: StaticKV, taps: tuple, last_only: bool, tree):
+        """`forward` through the fixed-shape step: the block padded to `step_rows(T)` rows, its inputs made device
+        tensors, run compiled (and on CUDA replayed from a graph), the padding's outputs dropped."""
+        t, before, dev = ids.shape[1], cache.length, ids.device
+        tp = step_rows(t)
+        if tree is None:
+            positions = torch.arange(start, start + tp, device=dev)[None]                     # [1, Tp]
+            block = torch.ones(t, t, dtype=torch.bool, device=dev).tril()                    # [T, T]
+        else:
+            positions = torch.cat([start + tree.depth, tree.depth.new_full((tp - t,), start)])[None]
+            block = tree.visible
+        if tp > t:                                  # a padded row sees the cache and itself; no real row sees it
+            ids = torch.cat([ids, ids[:, -1:].expand(1, tp - t)], 1)                          # [1, Tp]
+            visible = torch.eye(tp, dtype=torch.bool, device=dev)
+            visible[:t, :t] = block
+        else:
+            visible = block                                                                    # [Tp, Tp]
+        length = torch.full((), before, dtype=torch.long, device=dev)                         # no host sync
+        if self.graphs and cache.pooled:
+            logits, hidden = self._replay(ids, positions, length, visible, cache, taps)
+        else:
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                logits, hidden = self._step_function()(ids, positions, length, visible, cache.k, cache.v, taps)
+        cache.length = before + t
+        logits = logits[:, t - 1:t] if last_only else logits[:, :t]                          # [1, T or 1, V]
+        return logits, (hidden[:, :t] if taps else None)                                       # [1, T, n*H]
+
+    def _step_function(self):
+        """The step as it runs. `unit="layer"` (the default): the decoder layer is compiled once per shape and that
+        code serves every layer (their weights and cache slices are its inputs), the rest of the step (embedding,
+        mask, final norm, lm_head) runs as plain PyTorch around it; `unit="step"`: the whole step is one compiled
+        graph (cross-layer fusion, compilation time in proportion to the depth). Without inductor: plain PyTorch.
+        `dynamic=False`: a shape is a constant of its code, and the context's growth changes no shape."""
+        if self._step_fn is None:
+            compile = lambda f: torch.compile(f, dynamic=False, fullgraph=True)      # noqa: E731
+            self._layer_fn = compile(self._layer) if self.inductor and self.unit == "layer" else self._layer
+            self._step_fn = compile(self._step) if self.inductor and self.unit == "step" else self._step
+        return self._step_fn
+
+    def _step(self, ids, positions, length, visible, k_cache, v_cache, taps: tuple):
+        """The fixed-shape forward of `ids [1, Tp]` at `positions [1, Tp]`, written to the cache rows `length ..
+        length+Tp-1` (`length`: a 0-dim device tensor); row r attends to every column `< length` and to the block's
+        column j where `visible [Tp, Tp]` allows, over the whole window of S columns. Returns logits
+        `[1, Tp, V]` and the taps `[1, Tp, n*H]` (None without taps)."""
+        tp, s = ids.shape[1], k_cache.shape[3]
+        dev = ids.device
+        rel = torch.arange(s, device=dev) - length                   # [S] column -> its row of the block (< 0: cached)
+        inside = (rel >= 0) & (rel < tp)
+        mask = (rel < 0) | (inside & visible.index_select(1, rel.clamp(0, tp - 1)))          # [Tp, S]
+        slots = length + torch.arange(tp, device=dev)                                         # [Tp]
+        body = self.model.model
+        x = body.embed_tokens(ids)                                                            # [1, Tp, H]
+        cos, sin = body.rotary_emb(x, positions)
+        wanted, hidden = set(taps), {}
+        for i, layer in enumerate(body.layers):
+            x = self._layer_fn(layer, x, cos, sin, k_cache[i], v_cache[i], slots, mask)
+            if i in wanted:
+                hidden[i] = x
+        x = body.norm(x)
+        if len(body.layers) - 1 in wanted:
+            hidden[len(body.layers) - 1] = x
+        logits = self.model.lm_head(x)                                                        # [1, Tp, V]
+        return logits, (torch.cat([hidden[i] for i in taps], dim=-1) if taps else None)
+
+    def _layer(self, layer, x, cos, sin, k_cache, v_cache, slots, mask):
+        """One decoder layer of the step (HF's order: norm, attention, residual, norm, MLP, residual)."""
+        x = x + self._window_attention(layer.self_attn, layer.input_layernorm(x), cos, sin, k_cache, v_cache, slots,
+                                       mask)
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def _window_attention(self, attn, h, cos, sin, k_cache, v_cache, slots, mask):
+        """One layer's attention over the whole window (`k_cache`, `v_cache`: [1, Hkv, S, D]). The G query heads
+        of a key-value head are stacked along the rows ([1, Hkv, G*Tp, D]; HF's grouping: query head h reads
+        key-value head h // G), so one masked attention without `enable_gqa` covers them: on CUDA the masked
+        memory-efficient kernel takes it, where a mask with GQA would fall back to the math path."""
+        t, d, hkv = h.shape[1], self.head_dim, self.kv_heads
+        q = attn.q_proj(h).view(1, t, -1, d)                                                  # [1, T, Hq, D]
+        k = attn.k_proj(h).view(1, t, -1, d)                                                  # [1, T, Hkv, D]
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = self._rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)                    # [1, H, T, D]
+        k_cache.index_copy_(2, slots, k)                                                      # in place, [1, Hkv, S, D]
+        v_cache.index_copy_(2, slots, attn.v_proj(h).view(1, t, -1, d).transpose(1, 2))
+        g = q.shape[1] // hkv
+        q = q.reshape(1, hkv, g * t, d)                                                       # [1, Hkv, G*T, D]
+        m = mask.repeat(g, 1)[None, None]                                                     # [1, 1, G*T, S]
+        out = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=m, scale=self.scaling)
+        return attn.o_proj(out.view(1, hkv * g, t, d).transpose(1, 2).reshape(1, t, -1))      # [1, T, H]
+
+    def _replay(self, ids, positions, length, visible, cache: StaticKV, taps: tuple):
+        """The step of this shape on these (pooled) buffers as a captured graph (kernels/graphs.GraphedLoop: warmed
+        up on a side stream, where compilation and autotuning happen, then captured): the inputs copied into its
+        static buffers, one replay, the outputs copied out (the next replay overwrites them)."""
+        from .kernels import graphs
+
+        key = (ids.shape[1], taps, cache.k.data_ptr(), cache.v.data_ptr())
+        if key not in self._graphs:
+            inputs = [x.clone() for x in (ids, positions, length, visible)]                 # the static buffers
+            box, fn, k, v = {}, self._step_function(), cache.k, cache.v     # not `cache`: the pool must see it go
+
+            def body():
+                box["out"] = fn(*inputs, k, v, taps)
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                self._graphs[key] = (inputs, box, graphs.GraphedLoop(body))
+            LOG.debug("static engine: captured the %d-row step (capacity %d)", ids.shape[1], cache.capacity)
+        else:
+            inputs, box, _ = self._graphs[key]
+            for buf, x in zip(inputs, (ids, positions, length, visible)):
+                buf.copy_(x)
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):      # EagerLoop (tests) calls the step
+            self._graphs[key][2]()
+        logits, hidden = box["out"]
+        return logits.clone(), (hidden.clone() if hidden is not None else None)
