@@ -12,12 +12,13 @@ Printed and written (`--out`):
   its speed against HF greedy as a geometric mean over prompts with a bootstrap 95 % CI (prompts resampled; each
   prompt's time is its median over repeats), τ (tokens per verification after the first token; HF peers: from
   their count of target forwards) and how many outputs equal HF greedy's token for token.
-- A round's parts, measured inside one more generation of every prompt per specexp contender (medians over its
-  rounds, ms and AR steps): the wall time of a round (one target forward's start to the next's), the verify of
-  k + 1 rows, the proposal and, within it, the drafter's vocabulary projection (DFlash: the 49,152-wide lm_head;
-  DeLS: that and the fused [V, r] head rows; EAGLE-3: its draft-vocabulary head), the commit, the rest of the round
-  (acceptance, rollback, the loop), and the host syncs per round (the hooks of tests/decoding/test_syncs.py).
-  The AR step of an engine is the median 1-row forward of that engine's AR generations.
+- A round's parts, measured inside one more generation of every prompt per specexp contender, interleaved prompt
+  by prompt as the contest (medians over its rounds, ms and AR steps): the wall time of a round (one target
+  forward's start to the next's), the verify of k + 1 rows, the proposal and, within it, the drafter's vocabulary
+  projection (DFlash: the 49,152-wide lm_head; DeLS: that and the fused [V, r] head rows; EAGLE-3: its
+  draft-vocabulary head), the commit, the rest of the round (acceptance, rollback, the loop), and the host syncs
+  per round (the hooks of tests/decoding/test_syncs.py). The AR step of an engine is the median 1-row forward of
+  that engine's AR generations.
 - The memory floor of an AR step: the machine's read bandwidth (median of 7 sums of a `--bw-mib` tensor), the
   bytes an AR step must read (the target's weights + the KV cache at the mean decoding context) and the measured
   AR step against their ratio.
@@ -199,18 +200,17 @@ def main() -> None:
                 hidden_rows.append(hidden[0, r0: r0 + k].float())                      # [k, H]
             return hidden, logits
         dflash_static.block_logits = keep_rows
-        round_parts, syncs = {}, {}
-        for key, (target, drafter) in specexp.items():
-            per = {}
-            for ids in prompts:
+        round_parts = {key: {} for key in specexp}
+        for ids in prompts:                                    # interleaved as the contest: the AR step that is
+            for key, (target, drafter) in specexp.items():    # the unit is timed beside the rounds it divides
                 keeping = drafter is dflash_static
                 _, parts = em.timed_rounds(target, drafter, ids, dc)
                 keeping = False
                 for part, v in parts.items():
-                    per.setdefault(part, []).extend(v)
-            round_parts[key] = per
-            short = DecodeConfig(max_new_tokens=min(args.tokens, 32), stop_token_ids=stops)
-            syncs[key] = em.syncs_per_round(target, drafter, prompts[0], short)
+                    round_parts[key].setdefault(part, []).extend(v)
+        short = DecodeConfig(max_new_tokens=min(args.tokens, 32), stop_token_ids=stops)
+        syncs = {key: em.syncs_per_round(target, drafter, prompts[0], short)
+                 for key, (target, drafter) in specexp.items()}
         del dflash_static.block_logits
         t_parts = time.perf_counter()
 
