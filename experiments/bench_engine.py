@@ -285,6 +285,7 @@ def main() -> None:
                "busy": busy, "torch": torch.__version__, "python": platform.python_version(),
                "transformers": __import__("transformers").__version__, "dtype": str(hf.dtype),
                "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               # "contest": the warm-up, the repeats and the round-parts pass; "all": also the floor and item 4
                "minutes": {"contest": (t_parts - t_start) / 60, "all": (t_end - t_start) / 60}}
     flags = ", ".join(f for f, on in machine["cpu"]["flags"].items() if on) or "none of " + ", ".join(FLAGS)
     lines = [f"# Engines side by side on {args.target}: {len(prompts)} {args.benchmark} prompts (tuning split), "
