@@ -126,6 +126,10 @@ class SequentialDrafter:
         self.zero_z = torch.zeros(self.rank, device=dev, dtype=w_out.dtype)
         self.backend = pick_backend(backend, dev)
         self.kernel = TritonFusion(self.log_prior.numel(), dev) if self.backend == "triton" else None
+        # The torch formula multiplies in fp32 (fused_logits' w.float()); a bf16 table would be cast anew for every
+        # drafted row (3.1 AR steps a DeLS round on a CPU). One fp32 copy gives the same values once; the Triton
+        # kernel reads the table in its own dtype and needs none.
+        self.w_fuse = w_out.float() if self.kernel is None else w_out                     # [V, r]
         use_graph = dev.type == "cuda" if cuda_graph == "auto" else bool(cuda_graph)
         check(not use_graph or dev.type == "cuda", "fusion.cuda_graph=true needs a CUDA device")
         self.graphs: dict | None = {} if use_graph else None
@@ -162,12 +166,12 @@ class SequentialDrafter:
         if self.kernel is not None:
             return self.kernel(long_i, z, self.w_out, a, b, self.log_prior, temperature, seed_add=i)
         noise = gumbel(long_i.shape[-1], generator, long_i.device) if temperature > 0 else None
-        return fuse_torch(long_i, z, self.w_out, a, b, self.log_prior, temperature, noise)
+        return fuse_torch(long_i, z, self.w_fuse, a, b, self.log_prior, temperature, noise)
 
     def fused_row(self, long_i: torch.Tensor, z: torch.Tensor, i: int) -> torch.Tensor:
         """The full fused logits of row i `[V]` (protocol B's residual needs the first rejected row)."""
         a, b = self._weights(i)
-        return fused_logits(long_i, z, self.w_out, a, b, self.log_prior)
+        return fused_logits(long_i, z, self.w_fuse, a, b, self.log_prior)
 
     def draft(self, x: dict, out_tokens, out_probs, out_z, temperature: float = 0.0, generator=None) -> None:
         """One block: tokens `[k]`, probs `[k]` (sampling only) and the rank states `[k, r]` the fused rows
@@ -241,7 +245,7 @@ class SequentialDrafter:
                     state = self.advance(state, d)
                 z = self.zero_z if i == 0 else self.feature(x, state, i)                    # [r] | [a, r]
                 a, b = self._weights(i)
-                d = fuse_torch(bb.lm_head(rows[i, alive]), z, self.w_out, a, b, self.log_prior)[0]   # [a]
+                d = fuse_torch(bb.lm_head(rows[i, alive]), z, self.w_fuse, a, b, self.log_prior)[0]   # [a]
                 out[c0 + alive, i] = d
                 go = (d == sequence_at(ids, s[alive] + i + 1)) & (k[alive] > i + 1)        # right, and a next row
                 alive, d = alive[go], d[go]
@@ -259,7 +263,7 @@ class SequentialDrafter:
         bb, dev = self.backbone, self.w_out.device
         ids, starts, ks = ids.to(dev), starts.to(dev), ks.to(dev)
         ctx = bb.context(taps)
-        lp, w = self.log_prior.float(), self.w_out.float()                                  # [V], [V, r]
+        lp, w = self.log_prior.float(), self.w_fuse.float()                                 # [V], [V, r]
         out = torch.zeros((len(cells), len(starts)), dtype=torch.long, device=dev)          # [C, N]
         for c0 in range(0, len(starts), chunk):
             s, k = starts[c0: c0 + chunk], ks[c0: c0 + chunk]                               # [n]
