@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 from . import log
 from .config import unknown_key_message
 from .errors import UserError
+from .paths import CONF_DIR
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 # Hydra flags that take a value as the next argument (--info takes one only when it names what to show).
 _FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--cfg", "-c",
                      "--package", "-p", "--experimental-rerun"}

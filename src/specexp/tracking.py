@@ -26,17 +26,17 @@ import torch
 from . import log
 from .errors import one_of
 from .machine import cpu_info, describe
+from .paths import REPO_ROOT
 
 PACKAGES = ("specexp", "torch", "transformers", "tokenizers", "hydra-core", "omegaconf", "lightning", "triton",
             "wandb", "datasets", "safetensors")
 
 
 def git_sha() -> dict:
-    root = Path(__file__).resolve().parents[2]
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
                              timeout=5).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
                                     capture_output=True, text=True, timeout=5).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         return {"sha": None, "dirty": None}

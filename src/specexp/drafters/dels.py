@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from .. import checkpoints as ckpt
 from .. import log, pins
 from ..errors import UserError, check, one_of
+from ..paths import REPO_ROOT
 from . import dflash
 from .sequential import SequentialDrafter, check_fusion_options, gru_step, matvec, random_init
 from .sequential import head_init as resolve_head_init
@@ -266,7 +267,7 @@ def resolve_head(spec: str, revision: str | None, where: str) -> Path:
     project's format: config.json + safetensors) or `owner/name/subfolder` (the release: its two .pt files of
     that subfolder, nothing else). `revision` pins the hub commit."""
     p = Path(os.path.expanduser(spec))
-    if spec.count("/") != 2 or p.exists() or spec.startswith((".", "/", "~")) or (dflash.REPO_ROOT / spec).exists():
+    if spec.count("/") != 2 or p.exists() or spec.startswith((".", "/", "~")) or (REPO_ROOT / spec).exists():
         return dflash.resolve_checkpoint(spec, revision)
     from huggingface_hub import snapshot_download
 

@@ -32,9 +32,8 @@ from torch import nn
 from .. import checkpoints as ckpt
 from .. import log, pins
 from ..errors import UserError, check
+from ..paths import REPO_ROOT
 from .base import Proposal, Sampling, choose, sequence_at
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _is_int(v) -> bool:
