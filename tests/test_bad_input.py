@@ -44,7 +44,8 @@ def bad(tmp_path_factory):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
-    from specexp.targets import cache_root, qwen3_tokenizer
+    from specexp.paths import cache_root
+    from specexp.targets import qwen3_tokenizer
 
     root = tmp_path_factory.mktemp("bad")
     tok = qwen3_tokenizer(cache_root(os.environ["SPECEXP_CACHE"]))

@@ -30,6 +30,7 @@ import torch
 from . import pins
 from .errors import UserError, check, one_of
 from .machine import native_bf16
+from .paths import cache_root
 
 QWEN3_MASK_TOKEN, QWEN3_MASK_ID = "<|MASK|>", 151669
 # Qwen2/Qwen3 special tokens in id order from 151643 (after the 151643 BPE tokens).
@@ -268,10 +269,6 @@ def attn_implementation(requested: str) -> str:
     except Exception:              # ImportError, OSError (undefined symbol in the .so), RuntimeError
         return "sdpa"
     return "flash_attention_2"
-
-
-def cache_root(path: str) -> Path:
-    return Path(os.path.expanduser(path))
 
 
 def _atomic_dir(final: Path, build) -> Path:
