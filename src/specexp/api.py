@@ -75,7 +75,7 @@ class Pipeline:
 
         from . import registry
         from .config import validate
-        from .targets import resolve_device
+        from .machine import resolve_device
 
         validate(cfg, job)
         self.cfg = cfg

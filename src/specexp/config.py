@@ -40,7 +40,7 @@ OPTIONAL_KEYS: dict[str, str] = {}          # key -> type tag of keys read with 
 
 
 def _device_pattern():
-    from .targets import DEVICE  # the device grammar lives with the code that parses it
+    from .machine import DEVICE  # the device grammar lives with the code that parses it
 
     return DEVICE
 

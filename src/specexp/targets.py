@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -211,9 +210,6 @@ class Target:
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")            # what `device=` accepts
-
-
 def target_settings(target_cfg, device: torch.device) -> dict:
     """The `target` group as the settings of a run, a training stage or a reference: without its cache directory,
     `engine` only when it is not the default `hf` (the static engine computes the same logits on the CPU, and runs
@@ -225,19 +221,6 @@ def target_settings(target_cfg, device: torch.device) -> dict:
     if t.get("dtype") == "auto":
         t["dtype"] = str(resolve_dtype("auto", device)).removeprefix("torch.")
     return {k: v for k, v in t.items() if k != "cache_dir" and not (k == "engine" and v == "hf")}
-
-
-def resolve_device(device: str) -> torch.device:
-    check(isinstance(device, str) and DEVICE.fullmatch(device) is not None,
-          f"device={device!r} is malformed; use auto, cpu, cuda or cuda:N (N a GPU index)")
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    check(not device.startswith("cuda") or torch.cuda.is_available(),
-          f"device={device!r} but CUDA is not available here; use device=cpu")
-    if device.startswith("cuda:"):
-        n = torch.cuda.device_count()
-        check(int(device[5:]) < n, f"device={device!r} but this machine has {n} GPU(s): cuda:0..cuda:{n - 1}")
-    return torch.device(device)
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:

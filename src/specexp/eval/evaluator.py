@@ -26,9 +26,9 @@ from .. import benchmarks, log, registry
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round, generate
 from ..decoding.verify import PROTOCOLS
 from ..errors import check
-from ..machine import describe
+from ..machine import describe, resolve_device
 from ..report.tables import summary_markdown
-from ..targets import resolve_device, target_settings
+from ..targets import target_settings
 from ..tracking import make_logger, run_info, write_json, write_text_atomic
 from . import metrics, shards
 from .store import ResultStore, content_digest

@@ -41,8 +41,9 @@ from .. import benchmarks, files, log, registry
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round
 from ..decoding.tree import follow
 from ..errors import check
+from ..machine import resolve_device
 from ..report.tables import summary_markdown
-from ..targets import resolve_device, target_settings
+from ..targets import target_settings
 from ..tracking import make_logger, run_info, write_json, write_text_atomic
 from . import metrics, shards
 from .references import ReferenceStore, compute_reference, set_fingerprint, turns_with_prompts

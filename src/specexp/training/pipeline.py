@@ -38,8 +38,9 @@ from .. import log, registry
 from ..checkpoints import replace_atomic
 from ..errors import check
 from ..eval.store import claimed_for
+from ..machine import resolve_device
 from ..paths import cache_root
-from ..targets import resolve_device, target_settings
+from ..targets import target_settings
 from ..tracking import write_json, write_text_atomic
 from . import data as D
 from .distributed import Placement, device_check, make_strategy, placement, whole_module
