@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from .errors import UserError, check
-from .files import read_bytes, stored
+from .files import read_bytes, replace_atomic, stored
 
 CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = "config.json", "model.safetensors", "model.safetensors.index.json"
 TORCH_WEIGHTS_FILE = "pytorch_model.bin"        # EAGLE's released drafters (torch.save of a state dict)
@@ -107,17 +107,6 @@ def _missing_weights(path: Path, where: str) -> str:
         return (f"{where}: its weights are not in this checkout (kept out of the repository for size); "
                 f"build them with `{rebuild}`")
     return f"{where}: no {WEIGHTS_FILE} (nor {INDEX_FILE})"
-
-
-def replace_atomic(final: Path, write) -> None:
-    """`write(tmp_path)` then rename over `final`; the temporary file is removed if anything fails."""
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)        # safetensors writes 0600: a checkpoint is as readable as the rest of the tree
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def read_config(path: str | os.PathLike, where: str) -> dict:

@@ -305,7 +305,7 @@ def card_markdown(info: dict, config: dict) -> str:
 def write(p: Plan) -> list[str]:
     """Write the export; a new directory is built beside its final name and renamed into place whole, an existing
     one (export.overwrite=true) gets each file replaced atomically. Returns the file names written."""
-    from .tracking import write_json, write_text_atomic
+    from .files import write_json, write_text_atomic
 
     def fill(d: Path) -> None:
         p.model.save_pretrained(d, p.dtype) if p.kind == "dflash" else p.model.save_pretrained(d, p.dtype, p.config)
@@ -346,7 +346,7 @@ def upload(out: Path, repo_id: str, private: bool) -> str:
 def run_export(cfg, out_dir) -> dict:
     """`task=export`: plan (every check, the drafter loaded), claim the run directory, write, push when asked."""
     from .eval.store import claimed_for
-    from .tracking import write_json
+    from .files import write_json
 
     p = plan(cfg, out_dir)
     with claimed_for(out_dir, "export") as d:     # never into another run's directory, nor while one runs there

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import ROOT, TINY, make_cfg
 
-from specexp import benchmarks, tracking
+from specexp import benchmarks, files
 from specexp.benchmarks import Sample
 from specexp.errors import UserError
 from specexp.eval import evaluator
@@ -38,7 +38,7 @@ def finished_dir(d, samples=GSM[:2], settings=SETTINGS):
     with ResultStore(d, settings, samples) as store:
         for s in samples:
             store.append(run_all(s))
-    tracking.write_json(d / "summary.json", {"benchmarks": {}})
+    files.write_json(d / "summary.json", {"benchmarks": {}})
     return snapshot(d)
 
 
@@ -273,14 +273,13 @@ class _FullDisk:
 
 
 @pytest.mark.parametrize("write", [
-    lambda p: tracking.write_text_atomic(p, "new text " * 2000),
-    lambda p: tracking.write_json(p, {"new": list(range(2000))}),
+    lambda p: files.write_text_atomic(p, "new text " * 2000),
+    lambda p: files.write_json(p, {"new": list(range(2000))}),
 ])
 def test_a_failed_write_leaves_the_old_file_and_no_temp_file(tmp_path, monkeypatch, write):
     path = tmp_path / "config.yaml"
     path.write_text("old: 1\n")
-    real = os.fdopen
-    monkeypatch.setattr(tracking.os, "fdopen", lambda *a, **k: _FullDisk(real(*a, **k)))
+    monkeypatch.setattr(files, "open", lambda *a, **k: _FullDisk(open(*a, **k)), raising=False)
     with pytest.raises(OSError, match="No space left"):
         write(path)
     assert path.read_text() == "old: 1\n" and sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
@@ -288,8 +287,8 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp_file(tmp_path, monkeypat
 
 def test_atomic_writes_replace_and_keep_files_readable(tmp_path):
     path = tmp_path / "summary.md"
-    tracking.write_text_atomic(path, "a")
-    tracking.write_text_atomic(path, "b")
+    files.write_text_atomic(path, "a")
+    files.write_text_atomic(path, "b")
     assert path.read_text() == "b" and oct(path.stat().st_mode & 0o777) == "0o644"
     assert [p.name for p in tmp_path.iterdir()] == ["summary.md"]
 

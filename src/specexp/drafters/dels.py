@@ -34,7 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import checkpoints as ckpt
-from .. import log, pins
+from .. import files, log, pins
 from ..errors import UserError, check, one_of
 from ..paths import REPO_ROOT
 from . import dflash
@@ -166,7 +166,7 @@ def save_prior(counts: torch.Tensor, path: str | os.PathLike, smoothing: float, 
     out = path / PRIOR_FILE
     tensors = {"counts": counts.to(torch.int64).contiguous(), "log_prior": log_prior_from_counts(counts, smoothing)}
     meta = {"smoothing": str(smoothing), "source": json.dumps(source)}
-    ckpt.replace_atomic(out, lambda tmp: save_file(tensors, tmp, metadata=meta))
+    files.replace_atomic(out, lambda tmp: save_file(tensors, tmp, metadata=meta))
     return out
 
 

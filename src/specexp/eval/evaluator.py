@@ -26,10 +26,11 @@ from .. import benchmarks, log, registry
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round, generate
 from ..decoding.verify import PROTOCOLS
 from ..errors import check
+from ..files import write_json, write_text_atomic
 from ..machine import describe, resolve_device
 from ..report.tables import summary_markdown
 from ..targets import target_settings
-from ..tracking import make_logger, run_info, write_json, write_text_atomic
+from ..tracking import make_logger, run_info
 from . import metrics, shards
 from .store import ResultStore, content_digest
 

@@ -27,9 +27,10 @@ from .. import benchmarks, log, registry
 from ..decoding.engine import drafts_per_round
 from ..drafters.dels import DeLSDrafter
 from ..errors import check
+from ..files import write_json, write_text_atomic
 from ..machine import resolve_device
 from ..report.tables import summary_markdown
-from ..tracking import make_logger, run_info, write_json, write_text_atomic
+from ..tracking import make_logger, run_info
 from . import shards
 from .references import turns_with_prompts
 from .replay import (

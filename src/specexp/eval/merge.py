@@ -29,8 +29,9 @@ from omegaconf import OmegaConf
 
 from .. import log, registry
 from ..errors import UserError, check
+from ..files import write_json, write_text_atomic
 from ..report.tables import summary_markdown
-from ..tracking import make_logger, record_command, run_info, write_json, write_text_atomic
+from ..tracking import make_logger, record_command, run_info
 from .evaluator import SUMMARY_HEADER, summarize_records
 from .shards import Shard, part
 from .store import FORMAT, LOCK, RUN, SAMPLES, SUMMARY, lock, read_records, read_text, settings_diff

@@ -41,10 +41,11 @@ from .. import benchmarks, files, log, registry
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round
 from ..decoding.tree import follow
 from ..errors import check
+from ..files import write_json, write_text_atomic
 from ..machine import resolve_device
 from ..report.tables import summary_markdown
 from ..targets import target_settings
-from ..tracking import make_logger, run_info, write_json, write_text_atomic
+from ..tracking import make_logger, run_info
 from . import metrics, shards
 from .references import ReferenceStore, compute_reference, set_fingerprint, turns_with_prompts
 from .store import ResultStore
@@ -101,9 +102,8 @@ def cached_teacher_forced(target, prompt, ref, taps, path: Path | None) -> dict:
     _log.debug(f"taps {list(taps)} of {len(ref)} reference tokens computed (one teacher-forced pass)")
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        save_file({k: v.contiguous().cpu() for k, v in tf.items() if v is not None}, tmp)
-        os.replace(tmp, path)
+        tensors = {k: v.contiguous().cpu() for k, v in tf.items() if v is not None}
+        files.replace_atomic(path, lambda tmp: save_file(tensors, tmp))
     return tf
 
 

@@ -371,9 +371,7 @@ class FeatureCache:
                 bar.update(len(seqs[i].ids))
             tensors = {"taps": torch.cat(taps), "ids": torch.cat([seqs[i].ids for i in members]),
                        "loss_mask": torch.cat([seqs[i].loss_mask for i in members])}
-            tmp = path.with_name(path.name + ".tmp")
-            save_file(tensors, tmp)
-            os.replace(tmp, path)
+            files.replace_atomic(path, lambda tmp: save_file(tensors, tmp))
         bar.close()
         (self.root / "index.json").write_text(json.dumps(index))
 

@@ -21,7 +21,7 @@ from ..drafters import dels
 from ..drafters.dflash import DFlashDraftModel, resolve_checkpoint
 from ..errors import check, one_of
 from ..eval.store import claimed_for
-from ..tracking import write_json
+from ..files import write_json
 from .anchors import adamw_cosine, sample_anchors, step_generator
 from .data import step_taps
 from .dflash_module import drafter_config

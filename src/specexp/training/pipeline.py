@@ -35,13 +35,12 @@ import torch
 from omegaconf import OmegaConf
 
 from .. import log, registry
-from ..checkpoints import replace_atomic
 from ..errors import check
 from ..eval.store import claimed_for
+from ..files import replace_atomic, write_json, write_text_atomic
 from ..machine import resolve_device
 from ..paths import cache_root
 from ..targets import target_settings
-from ..tracking import write_json, write_text_atomic
 from . import data as D
 from .distributed import Placement, device_check, make_strategy, placement, whole_module
 
