@@ -43,7 +43,8 @@ def bad(tmp_path_factory):
     from safetensors.torch import save_file
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
+    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel
+    from specexp.drafters.layers import init_weights
     from specexp.paths import cache_root
     from specexp.targets import qwen3_tokenizer
 

@@ -7,7 +7,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specexp.decoding.engine import DecodeConfig, generate
-from specexp.drafters.dflash import DFlashDrafter, DFlashDraftModel, build_target_layer_ids, check_fits, init_weights
+from specexp.drafters.dflash import DFlashDrafter, DFlashDraftModel, build_target_layer_ids, check_fits
+from specexp.drafters.layers import init_weights
 from specexp.errors import UserError
 
 H, I, NH, NKV, D, LAYERS, IDS = 64, 128, 4, 2, 16, 2, [0, 2]

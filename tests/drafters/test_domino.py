@@ -8,7 +8,8 @@ from helpers import EagerLoop, ToyTarget, _Stateless, chi2_pvalue_against_toy, m
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters import domino
-from specexp.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashDraftModel, init_weights
+from specexp.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashDraftModel
+from specexp.drafters.layers import init_weights
 from specexp.training.domino_module import DominoLitModule
 from specexp.training.pipeline import lightning_fit
 

@@ -170,7 +170,8 @@ def test_fsdp_strategy_wraps_each_draft_layer_and_leaves_the_target_out(cfg_fact
 def test_context_stream_gives_the_per_layer_kv_results(tiny_target):
     """The training form of the DFlash forward (each layer takes its context K/V inside its call, as an FSDP unit
     needs) computes what inference's per-layer K/V gives, bit for bit."""
-    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
+    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel
+    from specexp.drafters.layers import init_weights
 
     m = init_weights(DFlashDraftModel(DFlashConfig.for_target(tiny_target, 2, 4, None)), 3)
     g = torch.Generator().manual_seed(0)

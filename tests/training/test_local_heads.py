@@ -116,7 +116,8 @@ def test_learned_fusion_weights_train_and_load(cfg_factory, tiny_target, tmp_pat
     cache: the CE of the fused drafts drops, the weights move away from their init, and fusion=learned reads
     them back into a lossless drafter."""
     from specexp import registry
-    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
+    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel
+    from specexp.drafters.layers import init_weights
 
     t = tiny_target
     monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path / "cache"))
@@ -158,7 +159,8 @@ def test_learned_fusion_weights_train_on_a_released_head(cfg_factory, tiny_targe
     weights back."""
     from helpers import release_head_dir
     from specexp import registry
-    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
+    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel
+    from specexp.drafters.layers import init_weights
     from specexp.training.pipeline import context
 
     t = tiny_target

@@ -34,6 +34,7 @@ from .. import log, pins
 from ..errors import UserError, check
 from ..paths import REPO_ROOT
 from .base import Proposal, Sampling, choose, sequence_at
+from .layers import MLP, RMSNorm, init_weights, rotate
 
 
 def _is_int(v) -> bool:
@@ -148,22 +149,6 @@ class DFlashConfig:
 
 
 # ---------------------------------------------------------------------------------------------- modules
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
-
-    def forward(self, x):
-        h = x.float()                                    # Qwen3: normalise in fp32, scale in the input dtype
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
-
-
-def rotate(x, cos, sin):                                  # HF rotate_half convention
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-
 class Attention(nn.Module):
     def __init__(self, c: DFlashConfig):
         super().__init__()
@@ -212,17 +197,6 @@ def _flex(device: torch.device):
 
 
 _FLEX_COMPILED = None
-
-
-class MLP(nn.Module):
-    def __init__(self, c: DFlashConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
@@ -305,18 +279,6 @@ class DFlashDraftModel(nn.Module):
     def save_pretrained(self, path: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
         """Write config.json + model.safetensors (z-lab key names), each file replaced atomically."""
         ckpt.save_module(self, path, self.config.to_dict(), dtype)
-
-
-def init_weights(model: DFlashDraftModel, seed: int, std: float = 0.02) -> DFlashDraftModel:
-    """Random init (tests and smoke runs): N(0, std) linears, unit norms; seeded, leaves global RNG alone."""
-    g = torch.Generator().manual_seed(seed)
-    for m in model.modules():
-        if isinstance(m, nn.Linear):
-            with torch.no_grad():
-                m.weight.copy_(torch.randn(m.weight.shape, generator=g) * std)
-                if m.bias is not None:
-                    m.bias.zero_()
-    return model
 
 
 # ------------------------------------------------------------------- DSpark-format (DeepSpec) DFlash drafters

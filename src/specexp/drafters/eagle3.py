@@ -58,7 +58,8 @@ from .. import checkpoints as ckpt
 from .. import log
 from ..errors import UserError, check
 from .base import Proposal, Sampling, choose
-from .dflash import MLP, RMSNorm, init_weights, resolve_checkpoint, rotate  # MLP: the same gated SiLU layer
+from .dflash import resolve_checkpoint
+from .layers import MLP, RMSNorm, init_weights, rotate  # MLP: the same gated SiLU layer
 
 ARCH = "LlamaForCausalLMEagle3"
 

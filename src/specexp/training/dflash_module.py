@@ -21,9 +21,9 @@ from ..drafters.dflash import (
     DFlashDraftModel,
     build_target_layer_ids,
     check_fits,
-    init_weights,
     resolve_checkpoint,
 )
+from ..drafters.layers import init_weights
 from .anchors import (
     adamw_cosine,
     build_blocks,

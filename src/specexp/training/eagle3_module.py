@@ -79,7 +79,6 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from ..drafters.dflash import init_weights, rotate
 from ..drafters.eagle3 import (
     Eagle3Config,
     Eagle3DraftModel,
@@ -88,6 +87,7 @@ from ..drafters.eagle3 import (
     default_tap_layers,
     resolve_eagle3,
 )
+from ..drafters.layers import init_weights, rotate
 from ..errors import check
 from .anchors import adamw_cosine
 from .data import step_taps
