@@ -14,6 +14,8 @@ named by `model.safetensors.index.json`), plus whatever files a drafter keeps be
   `pytorch_model.bin`, the DeLS-Spec release's `.pt` files), and only through `read_torch` here:
   `torch.load(weights_only=True)`, whose unpickler builds tensors, dicts, lists and plain scalars and refuses
   every other global (any class or function a crafted file names), so no code in the file runs.
+- `resolve` finds a checkpoint: a local directory (committed ones relative to the repository, from any working
+  directory) or a hub id, downloaded at its pinned revision (pins.py).
 - Saves are atomic per file (write a temporary file in the same directory, then `os.replace`), weights first,
   config last, so a reader never sees a config whose weights are not complete.
 """
@@ -27,8 +29,10 @@ from pathlib import Path
 
 import torch
 
+from . import pins
 from .errors import UserError, check
 from .files import read_bytes, replace_atomic, stored
+from .paths import REPO_ROOT
 
 CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = "config.json", "model.safetensors", "model.safetensors.index.json"
 TORCH_WEIGHTS_FILE = "pytorch_model.bin"        # EAGLE's released drafters (torch.save of a state dict)
@@ -107,6 +111,35 @@ def _missing_weights(path: Path, where: str) -> str:
         return (f"{where}: its weights are not in this checkout (kept out of the repository for size); "
                 f"build them with `{rebuild}`")
     return f"{where}: no {WEIGHTS_FILE} (nor {INDEX_FILE})"
+
+
+def resolve(path_or_id: str, revision: str | None = None, extra: tuple[str, ...] = ()) -> Path:
+    """Where a `checkpoint` key's checkpoint is, for every drafter and head: a local directory (a relative path that
+    does not exist where the command runs is taken relative to the repository, where the committed mini checkpoints
+    are), or a hub repo id downloaded (config + safetensors only, never code) at `revision`
+    (`drafter.revision`: a branch, tag or commit; None = the default branch). The returned snapshot directory
+    ends in the commit it holds, which training records as the backbone it started from. `extra`: more file
+    names to download, for a loader that reads them safely (EAGLE-3: `pytorch_model.bin`, weights_only)."""
+    p = Path(os.path.expanduser(path_or_id))
+    in_repo = REPO_ROOT / path_or_id                 # committed mini checkpoints, from any working directory
+    local = p if p.exists() or path_or_id.startswith((".", "/", "~")) or path_or_id.count("/") != 1 else None
+    if not p.exists() and not p.is_absolute() and in_repo.exists():
+        local = in_repo
+    if local is not None:
+        check(revision is None, f"drafter.revision={revision!r} pins a hub checkpoint, but drafter.checkpoint="
+                                f"{path_or_id!r} is a local directory; set drafter.revision=null")
+        return local
+    from huggingface_hub import snapshot_download
+
+    revision = pins.revision(path_or_id, revision)
+    try:
+        return Path(snapshot_download(path_or_id, revision=revision,
+                                      allow_patterns=["config.json", "*.safetensors", "model.safetensors.index.json",
+                                                      *extra]))
+    except Exception as e:
+        at = f" at revision {revision!r}" if revision is not None else ""
+        raise UserError(f"drafter.checkpoint={path_or_id!r}: not a local directory and not downloadable from the "
+                        f"hub{at} ({type(e).__name__}); download it and pass the directory") from None
 
 
 def read_config(path: str | os.PathLike, where: str) -> dict:

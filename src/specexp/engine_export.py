@@ -140,6 +140,7 @@ def plan(cfg, run_dir) -> Plan:
     """Check everything an export needs and load the drafter; nothing is written. One `UserError` line per fault."""
     import torch
 
+    from . import checkpoints as ckpt
     from .drafters import dflash, eagle3
 
     ex, d = cfg.export, cfg.drafter
@@ -154,7 +155,7 @@ def plan(cfg, run_dir) -> Plan:
     out = out_dir_of(ex, run_dir)
     push = check_push(ex)
     where = f"drafter.checkpoint={str(d.checkpoint)!r}"
-    resolve = eagle3.resolve_eagle3 if d.name == "eagle3" else dflash.resolve_checkpoint   # EAGLE's .bin too
+    resolve = eagle3.resolve_eagle3 if d.name == "eagle3" else ckpt.resolve   # EAGLE's .bin too
     source = Path(resolve(str(d.checkpoint), d.get("revision")))
     check(not _nested(out, source), f"the export directory {out} and {where} nest; choose an export.out outside "
                                     f"the checkpoint")

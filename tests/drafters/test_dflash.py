@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from specexp import checkpoints as ckpt
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters.dflash import DFlashDrafter, DFlashDraftModel, build_target_layer_ids, check_fits
 from specexp.drafters.layers import init_weights
@@ -244,9 +245,9 @@ def test_hub_checkpoint_is_downloaded_at_drafter_revision(zlab_dir, tiny_target,
                         or str(zlab_dir))
     cfg = OmegaConf.create({"init": "checkpoint", "checkpoint": "org/drafter", "revision": "a1b2c3d"})
     assert dflash.build(cfg, tiny_target).max_drafts == 7
-    assert dflash.resolve_checkpoint("org/drafter") == zlab_dir
+    assert ckpt.resolve("org/drafter") == zlab_dir
     assert calls == [("org/drafter", "a1b2c3d"), ("org/drafter", None)]
     with pytest.raises(UserError, match=r"drafter.revision='v1' pins a hub checkpoint.*local directory"):
-        dflash.resolve_checkpoint(str(zlab_dir), "v1")
+        ckpt.resolve(str(zlab_dir), "v1")
     cfg = cfg_factory("drafter.revision=v1")
     assert run_settings(cfg, torch.device("cpu"))["drafter"]["revision"] == "v1"

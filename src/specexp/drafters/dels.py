@@ -268,7 +268,7 @@ def resolve_head(spec: str, revision: str | None, where: str) -> Path:
     that subfolder, nothing else). `revision` pins the hub commit."""
     p = Path(os.path.expanduser(spec))
     if spec.count("/") != 2 or p.exists() or spec.startswith((".", "/", "~")) or (REPO_ROOT / spec).exists():
-        return dflash.resolve_checkpoint(spec, revision)
+        return ckpt.resolve(spec, revision)
     from huggingface_hub import snapshot_download
 
     repo, sub = spec.rsplit("/", 1)

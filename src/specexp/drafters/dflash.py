@@ -23,16 +23,14 @@ import json
 import math
 import os
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .. import checkpoints as ckpt
-from .. import log, pins
+from .. import log
 from ..errors import UserError, check
-from ..paths import REPO_ROOT
 from .base import Proposal, Sampling, choose, sequence_at
 from .layers import MLP, RMSNorm, init_weights, rotate
 
@@ -466,33 +464,6 @@ class DFlashDrafter:
         return out
 
 
-def resolve_checkpoint(path_or_id: str, revision: str | None = None, extra: tuple[str, ...] = ()) -> Path:
-    """A local directory, or a hub repo id downloaded (config + safetensors only, never code) at `revision`
-    (`drafter.revision`: a branch, tag or commit; None = the default branch). The returned snapshot directory
-    ends in the commit it holds, which training records as the backbone it started from. `extra`: more file
-    names to download, for a loader that reads them safely (EAGLE-3: `pytorch_model.bin`, weights_only)."""
-    p = Path(os.path.expanduser(path_or_id))
-    in_repo = REPO_ROOT / path_or_id                 # committed mini checkpoints, from any working directory
-    local = p if p.exists() or path_or_id.startswith((".", "/", "~")) or path_or_id.count("/") != 1 else None
-    if not p.exists() and not p.is_absolute() and in_repo.exists():
-        local = in_repo
-    if local is not None:
-        check(revision is None, f"drafter.revision={revision!r} pins a hub checkpoint, but drafter.checkpoint="
-                                f"{path_or_id!r} is a local directory; set drafter.revision=null")
-        return local
-    from huggingface_hub import snapshot_download
-
-    revision = pins.revision(path_or_id, revision)
-    try:
-        return Path(snapshot_download(path_or_id, revision=revision,
-                                      allow_patterns=["config.json", "*.safetensors", "model.safetensors.index.json",
-                                                      *extra]))
-    except Exception as e:
-        at = f" at revision {revision!r}" if revision is not None else ""
-        raise UserError(f"drafter.checkpoint={path_or_id!r}: not a local directory and not downloadable from the "
-                        f"hub{at} ({type(e).__name__}); download it and pass the directory") from None
-
-
 def check_fits(config: DFlashConfig, target, where: str) -> None:
     """A checkpoint must match the target it drafts for; each mismatch is one clear line."""
     check(config.hidden_size == target.hidden_size,
@@ -526,7 +497,7 @@ def build(cfg, target) -> DFlashDrafter:
     elif init == "checkpoint":
         check(bool(cfg.get("checkpoint")), "drafter.init=checkpoint needs drafter.checkpoint=DIR (or a hub id); "
                                            "use drafter.init=random for a random-init drafter")
-        path = resolve_checkpoint(str(cfg.checkpoint), cfg.get("revision"))
+        path = ckpt.resolve(str(cfg.checkpoint), cfg.get("revision"))
         where = f"drafter.checkpoint={str(cfg.checkpoint)!r}"
         model = load_model(path, where)
         check_fits(model.config, target, where)

@@ -205,7 +205,7 @@ def build(cfg, target) -> DominoDrafter:
     ckpt_dir = h.get("checkpoint")
     if cfg.init != "random" and cfg.get("checkpoint") and not ckpt_dir:          # a released Domino drafter?
         where = f"drafter.checkpoint={str(cfg.checkpoint)!r}"
-        path = dflash.resolve_checkpoint(str(cfg.checkpoint), cfg.get("revision"))
+        path = ckpt.resolve(str(cfg.checkpoint), cfg.get("revision"))
         if is_release(ckpt.read_config(path, where)):
             model, head = load_release(path, where)
             dflash.check_fits(model.config, target, where)
@@ -222,7 +222,7 @@ def build(cfg, target) -> DominoDrafter:
         head = random_head(c, cfg.seed, h.init_std)
     else:
         where = f"drafter.head.checkpoint={str(ckpt_dir)!r}"
-        head = load_head(dflash.resolve_checkpoint(str(ckpt_dir)), where)
+        head = load_head(ckpt.resolve(str(ckpt_dir)), where)
         c = head.config
         check(c.hidden_size == target.hidden_size and c.vocab_size == target.vocab_size,
               f"{where}: head for hidden {c.hidden_size} / vocab {c.vocab_size} does not fit target {target.name}")

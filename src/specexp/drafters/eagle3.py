@@ -58,7 +58,6 @@ from .. import checkpoints as ckpt
 from .. import log
 from ..errors import UserError, check
 from .base import Proposal, Sampling, choose
-from .dflash import resolve_checkpoint
 from .layers import MLP, RMSNorm, init_weights, rotate  # MLP: the same gated SiLU layer
 
 ARCH = "LlamaForCausalLMEagle3"
@@ -514,9 +513,9 @@ class Eagle3Drafter:
 
 
 def resolve_eagle3(path_or_id: str, revision: str | None = None) -> Path:
-    """`resolve_checkpoint` for an EAGLE-3 checkpoint: a hub download also fetches EAGLE's `pytorch_model.bin`
+    """`checkpoints.resolve` for an EAGLE-3 checkpoint: a hub download also fetches EAGLE's `pytorch_model.bin`
     (its releases ship no safetensors), which `read_state` reads with weights_only=True."""
-    return resolve_checkpoint(path_or_id, revision, extra=(ckpt.TORCH_WEIGHTS_FILE,))
+    return ckpt.resolve(path_or_id, revision, extra=(ckpt.TORCH_WEIGHTS_FILE,))
 
 
 def build(cfg, target) -> Eagle3Drafter:

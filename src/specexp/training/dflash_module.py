@@ -21,7 +21,6 @@ from ..drafters.dflash import (
     DFlashDraftModel,
     build_target_layer_ids,
     check_fits,
-    resolve_checkpoint,
 )
 from ..drafters.layers import init_weights
 from .anchors import (
@@ -118,7 +117,7 @@ def drafter_config(drafter, target) -> tuple[DFlashConfig, Path | None]:
     """The DFlash architecture to train: a checkpoint's (fine-tuning it) or a new one sized to the target."""
     if drafter.init == "checkpoint" or (drafter.init == "auto" and drafter.get("checkpoint")):
         where = f"drafter.checkpoint={str(drafter.checkpoint)!r}"
-        path = resolve_checkpoint(str(drafter.checkpoint), drafter.get("revision"))
+        path = ckpt.resolve(str(drafter.checkpoint), drafter.get("revision"))
         config = DFlashConfig.from_dict(ckpt.read_config(path, where))    # the weights load when training runs
         check_fits(config, target, where)
         return config, path

@@ -18,8 +18,9 @@ import lightning as L
 import torch
 from omegaconf import OmegaConf
 
+from .. import checkpoints as ckpt
 from ..drafters import domino
-from ..drafters.dflash import DFlashDraftModel, resolve_checkpoint
+from ..drafters.dflash import DFlashDraftModel
 from ..errors import check
 from .anchors import adamw_cosine, dense_mask, flex_mask, sample_anchors, step_generator
 from .data import step_taps
@@ -129,7 +130,7 @@ def plan(ctx) -> TrainPlan:
     ht = d.head.train
     check(bool(d.get("checkpoint")), "task=train drafter=domino_ft trains on a frozen DFlash drafter: set "
                                      "drafter.checkpoint=DIR (a DFlash-format checkpoint)")
-    bpath = resolve_checkpoint(str(d.checkpoint), d.get("revision"))
+    bpath = ckpt.resolve(str(d.checkpoint), d.get("revision"))
     backbone = DFlashDraftModel.from_pretrained(bpath, dtype=target.dtype, device=target.device)
     c = domino.DominoConfig(target.hidden_size, target.vocab_size, d.head.gru_hidden, d.head.emb_dim, d.head.alignment)
     recipe = {**OmegaConf.to_container(ht, resolve=True),

@@ -16,9 +16,10 @@ import lightning as L
 import torch
 from omegaconf import OmegaConf
 
+from .. import checkpoints as ckpt
 from .. import log
 from ..drafters import dels
-from ..drafters.dflash import DFlashDraftModel, resolve_checkpoint
+from ..drafters.dflash import DFlashDraftModel
 from ..errors import check, one_of
 from ..eval.store import claimed_for
 from ..files import write_json
@@ -260,7 +261,7 @@ def fusion_weights_plan(ctx) -> TrainPlan:
           "drafter.head.train.part=fusion_weights needs trained parts: drafter.checkpoint=DIR and "
           "drafter.head.checkpoint=DIR")
     where = f"drafter.head.checkpoint={str(d.head.checkpoint)!r}"
-    bpath = resolve_checkpoint(str(d.checkpoint), d.get("revision"))
+    bpath = ckpt.resolve(str(d.checkpoint), d.get("revision"))
     hpath = dels.resolve_head(str(d.head.checkpoint), d.head.get("revision"), where)   # a release's subfolder too
     fu = OmegaConf.to_container(ctx.fusion, resolve=True)
     ht = d.head.train
