@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from . import pins
-from .errors import UserError, check
+from .errors import UserError, check, one_of
 from .files import read_bytes, replace_atomic, stored
 from .paths import REPO_ROOT
 
@@ -111,6 +111,21 @@ def _missing_weights(path: Path, where: str) -> str:
         return (f"{where}: its weights are not in this checkout (kept out of the repository for size); "
                 f"build them with `{rebuild}`")
     return f"{where}: no {WEIGHTS_FILE} (nor {INDEX_FILE})"
+
+
+INITS = ("auto", "random", "checkpoint")
+RANDOM_ADVICE = "(or a hub id); use drafter.init=random for a random-init drafter"
+
+
+def resolve_init(init: str, checkpoint, key: str = "drafter", advice: str = RANDOM_ADVICE) -> str:
+    """What `KEY.init` means for this config, `random` or `checkpoint`: `auto` is the checkpoint when `KEY.checkpoint`
+    is set, else random; `checkpoint` with none set, or a value not in INITS, is one line (`advice` ends it). Every
+    drafter and head decides its init here (DFlash and its family, EAGLE-3, the sequential heads, training)."""
+    if init == "auto":
+        return "checkpoint" if checkpoint else "random"
+    one_of(f"{key}.init", init, INITS)
+    check(init == "random" or bool(checkpoint), f"{key}.init=checkpoint needs {key}.checkpoint=DIR {advice}")
+    return init
 
 
 def resolve(path_or_id: str, revision: str | None = None, extra: tuple[str, ...] = ()) -> Path:

@@ -251,3 +251,14 @@ def test_hub_checkpoint_is_downloaded_at_drafter_revision(zlab_dir, tiny_target,
         ckpt.resolve(str(zlab_dir), "v1")
     cfg = cfg_factory("drafter.revision=v1")
     assert run_settings(cfg, torch.device("cpu"))["drafter"]["revision"] == "v1"
+
+
+def test_init_resolution_is_one_rule():
+    """`drafter.init` (and `drafter.head.init`) mean the same for every drafter: auto = the checkpoint when one is
+    set, else random; checkpoint without one, or an unknown value, is one line naming the key."""
+    assert ckpt.resolve_init("auto", None) == "random" and ckpt.resolve_init("auto", "d") == "checkpoint"
+    assert ckpt.resolve_init("random", "d") == "random" and ckpt.resolve_init("checkpoint", "d") == "checkpoint"
+    with pytest.raises(UserError, match=r"^drafter.init=checkpoint needs drafter.checkpoint=DIR \(or a hub id\)"):
+        ckpt.resolve_init("checkpoint", None)
+    with pytest.raises(UserError, match=r"^drafter.head.init='x' is not valid; choose one of: auto, random, check"):
+        ckpt.resolve_init("x", None, "drafter.head")

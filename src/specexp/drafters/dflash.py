@@ -484,26 +484,20 @@ def check_fits(config: DFlashConfig, target, where: str) -> None:
 def build(cfg, target) -> DFlashDrafter:
     """From the `drafter` config group: `init=random` (sized to the target), `init=checkpoint`, or
     `init=auto` (the checkpoint when one is set, else random)."""
-    init = cfg.init
-    if init == "auto":
-        init = "checkpoint" if cfg.get("checkpoint") else "random"
-        if init == "random":
-            log.LOG.info(f"no DFlash checkpoint for target {target.name}: using a random-init drafter "
-                         f"(τ ≈ 1); pass drafter.checkpoint=DIR for a trained one")
+    init = ckpt.resolve_init(cfg.init, cfg.get("checkpoint"))
+    if init == "random" and cfg.init == "auto":
+        log.LOG.info(f"no DFlash checkpoint for target {target.name}: using a random-init drafter "
+                     f"(τ ≈ 1); pass drafter.checkpoint=DIR for a trained one")
     if init == "random":
         config = DFlashConfig.for_target(target, cfg.num_layers, cfg.block_size, cfg.get("target_layer_ids"))
         check_fits(config, target, "drafter")            # tap ids vs a target whose size the config did not tell
         model = init_weights(DFlashDraftModel(config), cfg.seed)
-    elif init == "checkpoint":
-        check(bool(cfg.get("checkpoint")), "drafter.init=checkpoint needs drafter.checkpoint=DIR (or a hub id); "
-                                           "use drafter.init=random for a random-init drafter")
+    else:
         path = ckpt.resolve(str(cfg.checkpoint), cfg.get("revision"))
         where = f"drafter.checkpoint={str(cfg.checkpoint)!r}"
         model = load_model(path, where)
         check_fits(model.config, target, where)
         check(model.first_row == 1 or cfg.name != "dedit",
               f"{where}: a shifted (DSpark-format) DFlash drafter; drafter=dedit needs an unshifted z-lab-format one")
-    else:
-        raise UserError(f"drafter.init={cfg.init!r} is not valid; choose one of: auto, random, checkpoint")
     model = model.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
     return DFlashDrafter(model, target)

@@ -521,12 +521,10 @@ def resolve_eagle3(path_or_id: str, revision: str | None = None) -> Path:
 def build(cfg, target) -> Eagle3Drafter:
     """From the `drafter` config group: `init=random` (sized to the target), `init=checkpoint`, or `init=auto`
     (the checkpoint when one is set, else random)."""
-    init = cfg.init
-    if init == "auto":
-        init = "checkpoint" if cfg.get("checkpoint") else "random"
-        if init == "random":
-            log.LOG.info(f"no EAGLE-3 checkpoint for target {target.name}: using a random-init drafter (τ ≈ 1); "
-                         "pass drafter.checkpoint=DIR for a trained one")
+    init = ckpt.resolve_init(cfg.init, cfg.get("checkpoint"))
+    if init == "random" and cfg.init == "auto":
+        log.LOG.info(f"no EAGLE-3 checkpoint for target {target.name}: using a random-init drafter (τ ≈ 1); "
+                     "pass drafter.checkpoint=DIR for a trained one")
     taps = cfg.get("tap_layers")
     if init == "random":
         model = Eagle3DraftModel(Eagle3Config.for_target(target, cfg.get("draft_vocab_size"), taps))
@@ -536,13 +534,9 @@ def build(cfg, target) -> Eagle3Drafter:
             used = torch.randperm(target.vocab_size, generator=g)[: model.config.draft_vocab_size].sort().values
             model.d2t.copy_(used - torch.arange(len(used)))
         where = "drafter"
-    elif init == "checkpoint":
-        check(bool(cfg.get("checkpoint")), "drafter.init=checkpoint needs drafter.checkpoint=DIR (or a hub id); "
-                                           "use drafter.init=random for a random-init drafter")
+    else:
         where = f"drafter.checkpoint={str(cfg.checkpoint)!r}"
         model = Eagle3DraftModel.from_pretrained(resolve_eagle3(str(cfg.checkpoint), cfg.get("revision")), where)
-    else:
-        raise UserError(f"drafter.init={cfg.init!r} is not valid; choose one of: auto, random, checkpoint")
     taps = list(taps or model.config.tap_layers or default_tap_layers(target.num_layers))
     check_fits(model, target, taps, where)
     model = model.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)   # d2t stays int64

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from ..checkpoints import resolve_init
 from ..errors import check, one_of
 from ..kernels.fusion import BACKENDS, TritonFusion, fuse_torch, fused_logits, gumbel, pick_backend
 from .base import LazyDist, Proposal, Sampling, sequence_at
@@ -60,17 +61,14 @@ def head_init(cfg, target, what: str, train_cmd: str) -> str:
     """`drafter.head.init` resolved to random | checkpoint. auto = random next to a random DFlash backbone (tests,
     smoke runs), else the head checkpoint, which must then be set: a random head beside a trained backbone would
     measure nothing, so that is an error rather than a silent default."""
-    init, ckpt = cfg.head.init, cfg.head.get("checkpoint")
-    if init == "auto":
-        random_backbone = cfg.init == "random" or (cfg.init == "auto" and not cfg.get("checkpoint"))
-        check(bool(ckpt) or random_backbone,
-              f"no {what} head for target {target.name}: train one with {train_cmd} and pass "
-              f"drafter.head.checkpoint=DIR (drafter.head.init=random runs a random head: τ then means nothing)")
-        init = "random" if random_backbone else "checkpoint"
-    one_of("drafter.head.init", init, ("random", "checkpoint"))
-    check(init == "random" or bool(ckpt), f"drafter.head.init=checkpoint needs drafter.head.checkpoint=DIR (train one "
-                                          f"with {train_cmd})")
-    return init
+    init, head = cfg.head.init, cfg.head.get("checkpoint")
+    if init != "auto":
+        return resolve_init(init, head, "drafter.head", f"(train one with {train_cmd})")
+    random_backbone = resolve_init(cfg.init, cfg.get("checkpoint")) == "random"
+    check(bool(head) or random_backbone,
+          f"no {what} head for target {target.name}: train one with {train_cmd} and pass "
+          f"drafter.head.checkpoint=DIR (drafter.head.init=random runs a random head: τ then means nothing)")
+    return "random" if random_backbone else "checkpoint"
 
 
 def _grid_hits(long: torch.Tensor, wz: torch.Tensor, log_prior: torch.Tensor, truth: torch.Tensor,

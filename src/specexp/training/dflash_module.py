@@ -115,7 +115,7 @@ def train_recipe(train) -> dict:
 
 def drafter_config(drafter, target) -> tuple[DFlashConfig, Path | None]:
     """The DFlash architecture to train: a checkpoint's (fine-tuning it) or a new one sized to the target."""
-    if drafter.init == "checkpoint" or (drafter.init == "auto" and drafter.get("checkpoint")):
+    if ckpt.resolve_init(drafter.init, drafter.get("checkpoint")) == "checkpoint":
         where = f"drafter.checkpoint={str(drafter.checkpoint)!r}"
         path = ckpt.resolve(str(drafter.checkpoint), drafter.get("revision"))
         config = DFlashConfig.from_dict(ckpt.read_config(path, where))    # the weights load when training runs

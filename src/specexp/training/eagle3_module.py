@@ -79,6 +79,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from .. import checkpoints as ckpt
 from ..drafters.eagle3 import (
     Eagle3Config,
     Eagle3DraftModel,
@@ -343,7 +344,7 @@ def plan(ctx):
     tc, target, dc = ctx.train, ctx.target, ctx.drafter
     ttt = ttt_recipe(dc)
     init_path = None
-    if dc.init == "checkpoint" or (dc.init == "auto" and dc.get("checkpoint")):
+    if ckpt.resolve_init(dc.init, dc.get("checkpoint")) == "checkpoint":
         where = f"drafter.checkpoint={str(dc.checkpoint)!r}"
         init_path = resolve_eagle3(str(dc.checkpoint), dc.get("revision"))
         loaded = Eagle3DraftModel.from_pretrained(init_path, where)
@@ -352,8 +353,6 @@ def plan(ctx):
                                        "checkpoint's weights would be overwritten; set one of them")
         used = None
     else:
-        check(dc.init in ("auto", "random"),
-              f"drafter.init={dc.init!r} is not valid; choose auto, random or checkpoint")
         where = "drafter"
         used = draft_vocab(ctx.seqs, target.vocab_size, dc.get("draft_vocab_size"))
         config = Eagle3Config.for_target(target, len(used), dc.get("tap_layers"))
