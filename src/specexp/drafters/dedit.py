@@ -178,10 +178,14 @@ class DEditDrafter:
 
 def build(cfg, target) -> DEditDrafter:
     """`drafter=dedit`: the DFlash backbone as `drafter=dflash` builds it (init random / checkpoint), with the
-    drafting and editing options of `drafter.edit`."""
+    drafting and editing options of `drafter.edit`. The backbone must be unshifted: an edit pass reads the block's
+    rows 1..W as drafts 1..W."""
     e = cfg.edit
-    return DEditDrafter(dflash.build(cfg, target), e.passes, e.window, e.verify, e.rule, e.threshold,
-                        e.confidence, e.editor, e.early_stop)
+    backbone = dflash.build(cfg, target)
+    check(backbone.first_row == 1, f"drafter.checkpoint={str(cfg.get('checkpoint'))!r}: a shifted (DSpark-format) "
+                                   "DFlash drafter; drafter=dedit needs an unshifted z-lab-format one")
+    return DEditDrafter(backbone, e.passes, e.window, e.verify, e.rule, e.threshold, e.confidence, e.editor,
+                        e.early_stop)
 
 
 # ---------------------------------------------------------------------------------------------- metrics
