@@ -23,6 +23,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -262,10 +263,12 @@ class DFlashDraftModel(nn.Module):
     # ------------------------------------------------------------------------------------ checkpoints
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype | None = None,
-                        device: str | torch.device = "cpu", where: str | None = None) -> "DFlashDraftModel":
-        """Load a z-lab-format checkpoint directory strictly (specexp/checkpoints.py)."""
+                        device: str | torch.device = "cpu", where: str | None = None,
+                        raw: dict | None = None) -> "DFlashDraftModel":
+        """Load a z-lab-format checkpoint directory strictly (specexp/checkpoints.py). `raw`: its config.json when the
+        caller has read it already (it is read once per load)."""
         where = where or f"drafter.checkpoint={str(path)!r}"
-        raw = ckpt.read_config(path, where)
+        raw = ckpt.read_config(path, where) if raw is None else raw
         check(not is_dspark(raw), f"{where}: a DSpark-format DFlash drafter (shifted, own embedding and lm_head): "
                                   "it drafts (drafter.checkpoint) but is not a backbone anything trains on here")
         config = DFlashConfig.from_dict(raw, f"{where}: config.json")
@@ -329,9 +332,10 @@ class DSparkDFlashModel(DFlashDraftModel):
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype | None = None,
-                        device: str | torch.device = "cpu", where: str | None = None) -> "DSparkDFlashModel":
+                        device: str | torch.device = "cpu", where: str | None = None,
+                        raw: dict | None = None) -> "DSparkDFlashModel":
         where = where or f"drafter.checkpoint={str(path)!r}"
-        raw = ckpt.read_config(path, where)
+        raw = ckpt.read_config(path, where) if raw is None else raw
         check(is_dspark(raw), f"{where}: config.json architectures {raw.get('architectures')!r}, expected "
                               f"[{DSPARK_ARCH!r}]")
         config = dspark_config(raw, f"{where}: config.json")
@@ -344,17 +348,18 @@ class DSparkDFlashModel(DFlashDraftModel):
         raise UserError("a DSpark-format drafter is read-only here (it is not a format this project trains)")
 
 
-def load_model(path: str | os.PathLike, where: str) -> DFlashDraftModel:
-    """The drafter model of a checkpoint directory, by its format: z-lab DFlash, or DSpark-format DFlash."""
-    raw = ckpt.read_config(path, where)
+def load_model(path: str | os.PathLike, where: str, raw: dict | None = None) -> DFlashDraftModel:
+    """The drafter model of a checkpoint directory, by its format: z-lab DFlash, or DSpark-format DFlash. `raw`: its
+    config.json when the caller has read it already."""
+    raw = ckpt.read_config(path, where) if raw is None else raw
     if is_dspark(raw):
-        return DSparkDFlashModel.from_pretrained(path, where=where)
+        return DSparkDFlashModel.from_pretrained(path, where=where, raw=raw)
     dc = raw.get("dflash_config")
     if isinstance(dc, dict) and dc.get("projector_type") is not None:
         raise UserError(f"{where}: dflash_config.projector_type={dc['projector_type']!r}: a DFlash drafter with a "
                         "head on top (Domino: load it with drafter=domino_ft drafter.checkpoint=...), not a plain "
                         "DFlash checkpoint")
-    return DFlashDraftModel.from_pretrained(path, where=where)
+    return DFlashDraftModel.from_pretrained(path, where=where, raw=raw)
 
 
 # ----------------------------------------------------------------------------------------- the drafter
@@ -481,9 +486,10 @@ def check_fits(config: DFlashConfig, target, where: str) -> None:
           f"{where}: mask_token_id {config.mask_token_id} outside the target vocabulary (0..{target.vocab_size - 1})")
 
 
-def build(cfg, target) -> DFlashDrafter:
+def build(cfg, target, path: Path | None = None, raw: dict | None = None) -> DFlashDrafter:
     """From the `drafter` config group: `init=random` (sized to the target), `init=checkpoint`, or
-    `init=auto` (the checkpoint when one is set, else random)."""
+    `init=auto` (the checkpoint when one is set, else random). `path`, `raw`: the checkpoint's directory and
+    config.json when the caller has already resolved and read them (Domino looks at it first)."""
     init = ckpt.resolve_init(cfg.init, cfg.get("checkpoint"))
     if init == "random" and cfg.init == "auto":
         log.LOG.info(f"no DFlash checkpoint for target {target.name}: using a random-init drafter "
@@ -493,9 +499,9 @@ def build(cfg, target) -> DFlashDrafter:
         check_fits(config, target, "drafter")            # tap ids vs a target whose size the config did not tell
         model = init_weights(DFlashDraftModel(config), cfg.seed)
     else:
-        path = ckpt.resolve(str(cfg.checkpoint), cfg.get("revision"))
+        path = ckpt.resolve(str(cfg.checkpoint), cfg.get("revision")) if path is None else path
         where = f"drafter.checkpoint={str(cfg.checkpoint)!r}"
-        model = load_model(path, where)
+        model = load_model(path, where, raw)
         check_fits(model.config, target, where)
     model = model.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
     return DFlashDrafter(model, target)

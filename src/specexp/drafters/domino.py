@@ -117,10 +117,11 @@ def _tensor_names(path: Path, where: str) -> set[str]:
     return names
 
 
-def load_release(path, where: str) -> tuple[dflash.DFlashDraftModel, DominoHead]:
-    """The backbone and the head of a released Domino drafter directory, each strictly matched."""
+def load_release(path, where: str, raw: dict | None = None) -> tuple[dflash.DFlashDraftModel, DominoHead]:
+    """The backbone and the head of a released Domino drafter directory, each strictly matched (`raw`: its
+    config.json when the caller has read it)."""
     path = Path(path)
-    raw = ckpt.read_config(path, where)
+    raw = ckpt.read_config(path, where) if raw is None else raw
     dc = dict(raw["dflash_config"])
     for k in ("emb_dim", "gru_hidden_dim"):
         v = dc.get(k)
@@ -203,11 +204,13 @@ def build(cfg, target) -> DominoDrafter:
     check(isinstance(h.guidance, (int, float)) and math.isfinite(h.guidance),
           f"drafter.head.guidance={h.guidance!r} is not a finite number")
     ckpt_dir = h.get("checkpoint")
+    path = raw = None
     if cfg.init != "random" and cfg.get("checkpoint") and not ckpt_dir:          # a released Domino drafter?
         where = f"drafter.checkpoint={str(cfg.checkpoint)!r}"
         path = ckpt.resolve(str(cfg.checkpoint), cfg.get("revision"))
-        if is_release(ckpt.read_config(path, where)):
-            model, head = load_release(path, where)
+        raw = ckpt.read_config(path, where)
+        if is_release(raw):
+            model, head = load_release(path, where, raw)
             dflash.check_fits(model.config, target, where)
             c = head.config
             check(c.alignment == h.alignment, f"{where}: a released Domino drafter trained with alignment "
@@ -216,7 +219,7 @@ def build(cfg, target) -> DominoDrafter:
             return DominoDrafter(dflash.DFlashDrafter(model, target), head, target.embed_tokens.weight, h.guidance,
                                  cfg.fusion.kernel, cfg.fusion.cuda_graph)
     head_init = resolve_head_init(cfg, target, "Domino", "task=train drafter=domino_ft")
-    backbone = dflash.build(cfg, target)
+    backbone = dflash.build(cfg, target, path, raw)          # the checkpoint looked at above, not read again
     if head_init == "random":
         c = DominoConfig(target.hidden_size, target.vocab_size, h.gru_hidden, h.emb_dim, h.alignment)
         head = random_head(c, cfg.seed, h.init_std)
