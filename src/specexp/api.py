@@ -111,7 +111,8 @@ class Pipeline:
         from omegaconf import OmegaConf
 
         from .decoding.engine import drafts_per_round, generate
-        from .eval.evaluator import check_fits, decode_config, turn_seed
+        from .eval.evaluator import check_fits, turn_seed
+        from .eval.summary import decode_config
 
         single = isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
                                                 and not isinstance(prompts[0], (str, list, tuple)))

@@ -237,7 +237,7 @@ def test_hub_checkpoint_is_downloaded_at_drafter_revision(zlab_dir, tiny_target,
     from omegaconf import OmegaConf
 
     from specexp.drafters import dflash
-    from specexp.eval.evaluator import run_settings
+    from specexp.eval.summary import run_settings
 
     calls = []
     monkeypatch.setattr(huggingface_hub, "snapshot_download",

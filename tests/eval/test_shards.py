@@ -12,9 +12,9 @@ from conftest import TINY, make_cfg
 from specexp.benchmarks import Sample
 from specexp.errors import UserError
 from specexp.eval import evaluator, shards
-from specexp.eval.evaluator import summarize_records
 from specexp.eval.metrics import TIMING_KEYS
 from specexp.eval.store import ResultStore
+from specexp.eval.summary import summarize_records
 from specexp.files import write_json
 from specexp.report.tables import summary_markdown
 

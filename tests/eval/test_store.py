@@ -15,6 +15,7 @@ from specexp.benchmarks import Sample
 from specexp.errors import UserError
 from specexp.eval import evaluator
 from specexp.eval.store import ResultStore, read_records
+from specexp.eval.summary import run_settings
 
 SETTINGS = {"target": {"name": "tiny_qwen3"}, "drafter": {"name": "dflash", "init": "random"}, "seed": 0}
 GSM = [Sample(f"g{i}", "gsm8k", [f"question {i}"]) for i in range(4)]
@@ -81,10 +82,10 @@ def test_more_samples_of_the_same_run_extend_it(tmp_path):
 ])
 def test_a_different_setting_is_refused_and_nothing_changes(tmp_path, base, other, named):
     cpu = torch.device("cpu")
-    settings = evaluator.run_settings(make_cfg([*TINY, *base]), cpu)
+    settings = run_settings(make_cfg([*TINY, *base]), cpu)
     before = finished_dir(tmp_path, settings=settings)
     with pytest.raises(UserError, match="holds results of a different run") as e:
-        ResultStore(tmp_path, evaluator.run_settings(make_cfg([*TINY, *other]), cpu), GSM[:2])
+        ResultStore(tmp_path, run_settings(make_cfg([*TINY, *other]), cpu), GSM[:2])
     assert named in str(e.value)
     assert snapshot(tmp_path) == before
     with ResultStore(tmp_path, settings, GSM[:2]) as store:                          # and still resumable
@@ -96,26 +97,26 @@ def test_a_checkpoint_retrained_in_place_is_a_different_run(tmp_path):
     ckpt.mkdir()
     (ckpt / "model.safetensors").write_bytes(b"weights v1")
     cfg = make_cfg([*TINY, "drafter.init=checkpoint", f"drafter.checkpoint={ckpt}"])
-    finished_dir(tmp_path / "run", settings=evaluator.run_settings(cfg, torch.device("cpu")))
+    finished_dir(tmp_path / "run", settings=run_settings(cfg, torch.device("cpu")))
     (ckpt / "README.md").write_text("a new card")                        # documentation only: the same run
-    ResultStore(tmp_path / "run", evaluator.run_settings(cfg, torch.device("cpu")), GSM[:2]).close()
+    ResultStore(tmp_path / "run", run_settings(cfg, torch.device("cpu")), GSM[:2]).close()
     (ckpt / "model.safetensors").write_bytes(b"weights v2")
     with pytest.raises(UserError, match=r"checkpoint_content\.drafter\.checkpoint: recorded '[0-9a-f]{16}', now"):
-        ResultStore(tmp_path / "run", evaluator.run_settings(cfg, torch.device("cpu")), GSM[:2])
+        ResultStore(tmp_path / "run", run_settings(cfg, torch.device("cpu")), GSM[:2])
 
 
 def test_a_run_on_another_device_is_a_different_run(tmp_path):
     cfg = make_cfg(TINY)
-    finished_dir(tmp_path, settings=evaluator.run_settings(cfg, torch.device("cpu")))
+    finished_dir(tmp_path, settings=run_settings(cfg, torch.device("cpu")))
     with pytest.raises(UserError, match=r"\(device: recorded 'cpu', now 'cuda'\)"):
-        ResultStore(tmp_path, evaluator.run_settings(cfg, torch.device("cuda")), GSM[:2])
+        ResultStore(tmp_path, run_settings(cfg, torch.device("cuda")), GSM[:2])
 
 
 def test_selection_keys_only_select_samples(cfg_factory):
     """num_samples, benchmark names, source, data_dir and shuffle_seed reach run.json through the samples."""
     cpu = torch.device("cpu")
-    a = evaluator.run_settings(cfg_factory("eval.num_samples=2", "benchmark=gsm8k"), cpu)
-    b = evaluator.run_settings(cfg_factory("eval.num_samples=3", "benchmark=mt_bench", "eval.shuffle_seed=4"), cpu)
+    a = run_settings(cfg_factory("eval.num_samples=2", "benchmark=gsm8k"), cpu)
+    b = run_settings(cfg_factory("eval.num_samples=3", "benchmark=mt_bench", "eval.shuffle_seed=4"), cpu)
     assert a == b
 
 
@@ -301,7 +302,7 @@ def test_a_run_that_fails_validation_leaves_the_directory_claimable(cfg_factory,
     with pytest.raises(UserError, match="no such directory"):
         evaluator.run_eval(bad, tmp_path)
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
-    good = evaluator.run_settings(cfg_factory("benchmark=gsm8k", "eval.num_samples=1"), torch.device("cpu"))
+    good = run_settings(cfg_factory("benchmark=gsm8k", "eval.num_samples=1"), torch.device("cpu"))
     ResultStore(tmp_path, good, GSM[:1]).close()
 
 
@@ -339,7 +340,7 @@ def test_cli_refuses_another_benchmark_a_busy_directory_and_a_full_disk(cfg_fact
     assert "holds results of a different run (benchmarks recorded: gsm8k; this run: math500" in r.stderr
     assert snapshot(d) == before
 
-    settings = evaluator.run_settings(cfg, torch.device("cpu"))
+    settings = run_settings(cfg, torch.device("cpu"))
     with ResultStore(d, settings, benchmarks.load(["gsm8k"], 2)):                # this process holds DIR
         r = cli("benchmark=gsm8k", "eval.num_samples=2", f"hydra.run.dir={d}")
     assert r.returncode == 2 and len(error_lines(r)) == 1 and "is in use by another run" in r.stderr, r.stderr

@@ -44,6 +44,7 @@ from .replay import (
     tap_file,
 )
 from .store import ResultStore
+from .summary import decode_config, summarize
 
 
 def cell_name(alpha: float, beta: float) -> str:
@@ -84,8 +85,6 @@ def grid_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc, near_tie
 
 def run_grid(cfg, out_dir: Path) -> dict:
     """Every cell of `replay.fusion_grid` (module docstring); returns {cell name: summary}."""
-    from .evaluator import decode_config, summarize
-
     out_dir, rp, ev = Path(out_dir), replay_settings(cfg), cfg.eval
     cells = grid_cells(rp.fusion_grid)
     device = resolve_device(cfg.device)

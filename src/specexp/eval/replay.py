@@ -49,6 +49,7 @@ from ..tracking import make_logger, run_info
 from . import metrics, shards
 from .references import ReferenceStore, compute_reference, set_fingerprint, turns_with_prompts
 from .store import ResultStore
+from .summary import capped, decode_config, summarize
 
 _log = log.get(__name__)
 
@@ -249,8 +250,6 @@ def build_references(cfg, target, samples, dc: DecodeConfig) -> ReferenceStore:
 
 def run_settings(cfg, refs: ReferenceStore) -> dict:
     """Every setting that changes a replay's results (run.json, eval/store.py)."""
-    from .evaluator import capped
-
     rp, ev = cfg.replay, cfg.eval
     return {
         "mode": "replay", "references": refs.hash,
@@ -278,8 +277,6 @@ def run_replay(cfg, out_dir) -> dict:
     """`task=replay`: replay `cfg.drafter` on the target's references of `cfg.benchmark`; returns the summary.
     Everything is validated and the references exist before the run directory is claimed (eval/store.py).
     A config with `replay.fusion_grid` set is `eval/fusion_grid.run_grid`'s (the task dispatches it there)."""
-    from .evaluator import decode_config, summarize
-
     out_dir = Path(out_dir)
     rp = replay_settings(cfg)
     check(not grid_requested(cfg), "replay.fusion_grid is set: run it through task=replay (eval/fusion_grid.py "
