@@ -1,4 +1,4 @@
-"""Checkpoint I/O for every drafter and head: one directory = `config.json` + `model.safetensors` (or shards
+"""Checkpoint I/O for every drafter and head: one directory = `config.json` + `model.safetensors` (or files
 named by `model.safetensors.index.json`), plus whatever files a drafter keeps beside them (prior, card).
 
 - Any safetensors file may instead be stored xz-compressed beside its name (`model.safetensors.xz`): the exact
@@ -175,8 +175,9 @@ def read_object(f: Path, where: str) -> dict:
     return raw
 
 
-def shards(path: Path, where: str) -> list[str]:
-    """The weight files of a checkpoint directory: the single file, or the shards its index names (validated)."""
+def weight_files(path: Path, where: str) -> list[str]:
+    """The weight files of a checkpoint directory: the single file, or the files its index names (validated).
+    (Not "shards": in this project a shard is a part of a run's prompts, eval/shards.py.)"""
     index = path / INDEX_FILE
     if not index.exists():
         check(stored(path / WEIGHTS_FILE) is not None, _missing_weights(path, where))
@@ -187,11 +188,11 @@ def shards(path: Path, where: str) -> list[str]:
         raise UserError(f"{where}: {INDEX_FILE} is not valid JSON ({e})") from None
     wmap = raw.get("weight_map") if isinstance(raw, dict) else None
     check(isinstance(wmap, dict) and bool(wmap) and all(isinstance(v, str) for v in wmap.values()),
-          f"{where}: {INDEX_FILE} needs a non-empty 'weight_map' object of tensor name -> shard file")
+          f"{where}: {INDEX_FILE} needs a non-empty 'weight_map' object of tensor name -> weight file")
     files = sorted(set(wmap.values()))
     for f in files:
         check(Path(f).name == f and stored(path / f) is not None,
-              f"{where}: {INDEX_FILE} names shard {f!r}, which is absent")
+              f"{where}: {INDEX_FILE} names weight file {f!r}, which is absent")
     return files
 
 
@@ -200,8 +201,8 @@ def load_state(path: str | os.PathLike, expected: dict[str, torch.Tensor], where
     meta device): every key present, none unexpected, every shape equal. Dtypes are the file's."""
     path = Path(path)
     state: dict[str, torch.Tensor] = {}
-    for shard in shards(path, where):
-        state.update(read_tensors(path / shard, where)[0])
+    for f in weight_files(path, where):
+        state.update(read_tensors(path / f, where)[0])
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     for kind, keys in (("missing", missing), ("unexpected", unexpected)):
         more = f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""

@@ -582,7 +582,7 @@ def _check_drafter_checkpoint(values: dict) -> None:
     ckpt = d.get("checkpoint")
     if d.get("init") == "random" or not isinstance(ckpt, str) or not set(option_tree("drafter", "dflash")) <= set(d):
         return
-    from .checkpoints import read_config, shards
+    from .checkpoints import read_config, weight_files
     from .drafters.dflash import DFlashConfig
     from .paths import REPO_ROOT
 
@@ -591,7 +591,7 @@ def _check_drafter_checkpoint(values: dict) -> None:
     if path.is_dir():                            # else a hub id, or absent: the drafter's loader says which
         where = f"drafter.checkpoint={ckpt!r}"
         DFlashConfig.from_dict(read_config(path, where), f"{where}: config.json")
-        shards(path, where)
+        weight_files(path, where)
 
 
 # ---------------------------------------------------------------------------------- the run directory

@@ -408,7 +408,7 @@ def check_hf_dir(path: Path, where: str) -> None:
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from .checkpoints import INDEX_FILE, WEIGHTS_FILE, shards
+    from .checkpoints import INDEX_FILE, WEIGHTS_FILE, weight_files
 
     check((path / "config.json").is_file(), f"{where}: no config.json (not an HF model directory)")
     try:
@@ -421,12 +421,12 @@ def check_hf_dir(path: Path, where: str) -> None:
                            f"loaded (unpickling can run code): convert it to {WEIGHTS_FILE}")
         raise UserError(f"{where}: no {WEIGHTS_FILE} (nor {INDEX_FILE}): the weights are missing")
     shapes: dict[str, list[int]] = {}
-    for shard in shards(path, where):
+    for fname in weight_files(path, where):
         try:
-            with safe_open(path / shard, framework="pt") as f:
+            with safe_open(path / fname, framework="pt") as f:
                 shapes.update({k: list(f.get_slice(k).get_shape()) for k in f.keys()})
         except Exception as e:                             # a torn or foreign file: safetensors raises many types
-            raise UserError(f"{where}: cannot read {shard} ({type(e).__name__}: {_first_line(e)})") from None
+            raise UserError(f"{where}: cannot read {fname} ({type(e).__name__}: {_first_line(e)})") from None
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)

@@ -112,8 +112,8 @@ def is_release(raw: dict) -> bool:
 
 def _tensor_names(path: Path, where: str) -> set[str]:
     names: set[str] = set()
-    for shard in ckpt.shards(path, where):
-        names.update(ckpt.read_tensors(path / shard, where)[0])
+    for f in ckpt.weight_files(path, where):
+        names.update(ckpt.read_tensors(path / f, where)[0])
     return names
 
 

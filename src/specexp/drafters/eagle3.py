@@ -314,15 +314,15 @@ def read_state(path: Path, config: Eagle3Config, where: str) -> dict[str, torch.
               f"{where}: {pickles[0] if pickles else ''} is a PyTorch file under a name EAGLE-3 checkpoints do not "
               f"use; {ckpt.WEIGHTS_FILE} (safetensors) or {ckpt.TORCH_WEIGHTS_FILE} (read with weights_only=True) "
               "are loaded")
-        files = ckpt.shards(path, where)
+        files = ckpt.weight_files(path, where)
     state, origin = {}, {}
-    for shard in files:
-        raw = (ckpt.read_torch_state(path / shard, where) if shard == ckpt.TORCH_WEIGHTS_FILE
-               else ckpt.read_tensors(path / shard, where)[0])
+    for fname in files:
+        raw = (ckpt.read_torch_state(path / fname, where) if fname == ckpt.TORCH_WEIGHTS_FILE
+               else ckpt.read_tensors(path / fname, where)[0])
         for k, t in raw.items():
             name = _canonical(k)
-            check(name not in state, f"{where}: {shard}: tensor {k} duplicates {origin.get(name, ('', name))[1]}")
-            state[name], origin[name] = t, (shard, k)
+            check(name not in state, f"{where}: {fname}: tensor {k} duplicates {origin.get(name, ('', name))[1]}")
+            state[name], origin[name] = t, (fname, k)
     state.pop("t2d", None)                             # training-only, derivable from d2t
     with torch.device("meta"):
         expected = Eagle3DraftModel(config, own_embedding="embed_tokens.weight" in state).state_dict()
@@ -335,14 +335,14 @@ def read_state(path: Path, config: Eagle3Config, where: str) -> dict[str, torch.
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if unexpected:                                 # first: a foreign name explains the missing one it replaces
-        shard, k = origin[unexpected[0]]
-        raise UserError(f"{where}: {shard}: unexpected tensor {k} (an EAGLE-3 drafter has fc, midlayer.* or "
+        fname, k = origin[unexpected[0]]
+        raise UserError(f"{where}: {fname}: unexpected tensor {k} (an EAGLE-3 drafter has fc, midlayer.* or "
                         "layers.0.*, norm, lm_head, d2t, t2d and optionally embed_tokens, fc_norm.*)")
     check(not missing, f"{where}: {files_txt}: missing tensor {missing[0] if missing else ''}"
                        f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}")
     for name, t in state.items():
-        shard, k = origin.get(name, (files_txt, name))
-        check(t.shape == expected[name].shape, f"{where}: {shard}: {k} has shape {list(t.shape)}, expected "
+        fname, k = origin.get(name, (files_txt, name))
+        check(t.shape == expected[name].shape, f"{where}: {fname}: {k} has shape {list(t.shape)}, expected "
                                                f"{list(expected[name].shape)} from config.json")
     d2t = state["d2t"]
     check(not d2t.is_floating_point() and d2t.dtype != torch.bool,
