@@ -282,11 +282,11 @@ def _fsdp_worker(rank: int, port: int, out: str) -> None:
         report = {"rank": rank, "full": full, "local": local, "units": units, "loss": float(loss.detach()),
                   "gathered": state is not None}
         if state is not None:                                        # rank 0: the whole trained weights
-            from specexp.training import anchors
+            from specexp.training import optim
 
             ref_losses = []                                          # each rank's loss, with that rank's anchors
             for r in (0, 1):
-                anchors.rank_and_world = lambda r=r: (r, 2)
+                optim.rank_and_world = lambda r=r: (r, 2)
                 ref_losses.append(reference.blocks_loss(ids, mask, taps, 0)[0])
             ref_loss = (ref_losses[0] + ref_losses[1]) / 2           # FSDP averages the ranks' gradients
             ref_loss.backward()

@@ -24,18 +24,17 @@ from ..drafters.dflash import (
 )
 from ..drafters.layers import init_weights
 from .anchors import (
-    adamw_cosine,
     build_blocks,
     default_gamma,
     dense_mask,
     flex_mask,
     leading_correct,
     sample_anchors,
-    step_generator,
 )
 from .data import step_taps
 from .distributed import no_loss
 from .losses import chunked_ce
+from .optim import adamw_cosine, step_generator
 from .pipeline import TrainPlan
 
 

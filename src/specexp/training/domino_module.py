@@ -22,10 +22,11 @@ from .. import checkpoints as ckpt
 from ..drafters import domino
 from ..drafters.dflash import DFlashDraftModel
 from ..errors import check
-from .anchors import adamw_cosine, dense_mask, flex_mask, sample_anchors, step_generator
+from .anchors import dense_mask, flex_mask, sample_anchors
 from .data import step_taps
 from .distributed import no_loss
 from .losses import chunked_ce
+from .optim import adamw_cosine, step_generator
 from .pipeline import TrainPlan
 
 

@@ -90,11 +90,11 @@ from ..drafters.eagle3 import (
 )
 from ..drafters.layers import init_weights, rotate
 from ..errors import check
-from .anchors import adamw_cosine
 from .data import step_taps
 from .dflash_module import train_recipe
 from .distributed import no_loss
 from .losses import CHUNK_ROWS, chunked_ce
+from .optim import adamw_cosine
 from .pipeline import TrainPlan
 
 DFLASH_ONLY_TRAIN_KEYS = ("num_anchors", "gamma", "attention")

@@ -23,11 +23,12 @@ from ..drafters.dflash import DFlashDraftModel
 from ..errors import check, one_of
 from ..eval.store import claimed_for
 from ..files import write_json
-from .anchors import adamw_cosine, sample_anchors, step_generator
+from .anchors import sample_anchors
 from .data import step_taps
 from .dflash_module import drafter_config
 from .distributed import no_loss
 from .losses import chunked_ce
+from .optim import adamw_cosine, step_generator
 from .pipeline import TrainPlan, context, target_fingerprint
 
 
