@@ -196,7 +196,7 @@ def test_every_trainable_parameter_gets_a_gradient_and_an_empty_step_is_a_zero(c
     from specexp.drafters import dels
     from specexp.training import distributed
     from specexp.training.dedit_module import DEditLitModule
-    from specexp.training.local_heads import LocalHeadLitModule
+    from specexp.training.dels_module import LocalHeadLitModule
 
     cfg = cfg_factory("task=train", "train=smoke", "drafter.block_size=4", "train.num_anchors=4")
     plan, ids, mask = dflash_plan(cfg, tiny_target, tmp_path)

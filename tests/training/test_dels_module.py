@@ -8,7 +8,7 @@ import torch
 
 from specexp.drafters import dels
 from specexp.training import data as D
-from specexp.training.local_heads import LocalHeadLitModule, count_assistant_tokens, run_prior
+from specexp.training.dels_module import LocalHeadLitModule, count_assistant_tokens, run_prior
 from specexp.training.pipeline import lightning_fit, run_train
 
 
@@ -96,7 +96,7 @@ def test_train_task_writes_head_and_prior_and_evaluates(cfg_factory, tmp_path, m
 
 def _fused_losses(bb, head, lp, t, seqs, w) -> list[float]:
     """The fused CE summed over `seqs` at α = β = 0.3 and at the learned weights `w` (same anchors: seed 0)."""
-    from specexp.training.local_heads import FusionWeightsLitModule
+    from specexp.training.dels_module import FusionWeightsLitModule
 
     losses = []
     for a, b in ((0.3, 0.3), (w["alpha"], w["beta"])):
