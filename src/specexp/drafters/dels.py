@@ -38,8 +38,8 @@ from .. import files, log, pins
 from ..errors import UserError, check, one_of
 from ..paths import REPO_ROOT
 from . import dflash
-from .sequential import SequentialDrafter, check_fusion_options, gru_step, matvec, random_init
-from .sequential import head_init as resolve_head_init
+from .head_loop import SequentialDrafter, check_fusion_options, gru_step, matvec, random_init
+from .head_loop import head_init as resolve_head_init
 
 WEIGHTS_FILE, PRIOR_FILE = ckpt.WEIGHTS_FILE, "log_prior.safetensors"
 FUSION_WEIGHTS_FILE = "fusion_weights.json"     # learned per-position alpha/beta (fusion=learned)
@@ -340,7 +340,7 @@ def per_position(name: str, value, n: int) -> list[float]:
 # ----------------------------------------------------------------------------------------- the drafter
 class DeLSDrafter(SequentialDrafter):
     """DFlash long logits + local head + prior, fused position by position (see the module docstring; the
-    loop, kernels and CUDA graph are drafters/sequential.py)."""
+    loop, kernels and CUDA graph are drafters/head_loop.py)."""
 
     def __init__(self, backbone: dflash.DFlashDrafter, head: MergedHead, log_prior: torch.Tensor,
                  alpha, beta, backend: str = "auto", cuda_graph: str | bool = "auto"):

@@ -30,8 +30,8 @@ from torch import nn
 from .. import checkpoints as ckpt
 from ..errors import UserError, check, one_of
 from . import dflash
-from .sequential import SequentialDrafter, check_fusion_options, gru_step, matvec, random_init
-from .sequential import head_init as resolve_head_init
+from .head_loop import SequentialDrafter, check_fusion_options, gru_step, matvec, random_init
+from .head_loop import head_init as resolve_head_init
 
 WEIGHTS_FILE = ckpt.WEIGHTS_FILE
 ALIGNMENTS = ("unshifted", "shifted")

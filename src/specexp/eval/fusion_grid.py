@@ -3,7 +3,7 @@
 
 Greedy replay of a sequential drafter (DeLS-Spec's local heads) at weights (alpha, beta) needs, at every anchor
 of a reference, how many leading drafts equal it. While they do, the head's loop state is the state after the
-reference's own tokens, whatever the weights (drafters/sequential.py, `matches_all`), so one teacher-forced
+reference's own tokens, whatever the weights (drafters/head_loop.py, `matches_all`), so one teacher-forced
 pass of backbone and head per turn serves every cell: only the fusion `long + alpha W z - beta log_prior` and its
 argmax run per cell. Each cell's rounds are then walked exactly as task=replay walks them (`replay_turn`).
 

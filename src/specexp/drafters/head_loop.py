@@ -1,5 +1,5 @@
-"""The sequential loop shared by the drafters that correct a DFlash block draft by draft (DeLS-Spec's local
-heads, Domino-FT's prefix GRU). One block of K drafts:
+"""The head loop: the sequential loop shared by the drafters that correct a DFlash block draft by draft
+(DeLS-Spec's local heads, Domino-FT's prefix GRU). One block of K drafts:
 
     d1      = pick(long_1)                                          DFlash's row alone
     state   = begin(x, d1)
