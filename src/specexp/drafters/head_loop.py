@@ -21,7 +21,7 @@ import torch
 from ..checkpoints import resolve_init
 from ..errors import check, one_of
 from ..kernels.fusion import BACKENDS, TritonFusion, fuse_torch, fused_logits, gumbel, pick_backend
-from .base import LazyDist, Proposal, Sampling, sequence_at
+from .base import LazyDist, OnBackbone, Proposal, Sampling, sequence_at
 
 
 def check_fusion_options(fusion) -> None:
@@ -109,7 +109,7 @@ def _grid_hits(long: torch.Tensor, wz: torch.Tensor, log_prior: torch.Tensor, tr
     return hits
 
 
-class SequentialDrafter:
+class SequentialDrafter(OnBackbone):
     name: str
     first_row = 1                     # backbone block row of draft 1 (0 for a shifted Domino backbone)
 
@@ -142,16 +142,7 @@ class SequentialDrafter:
     def advance(self, state, token: torch.Tensor):
         raise NotImplementedError
 
-    # --- the backbone keeps the context; the loop state lives only within a block
-    def reset(self) -> None:
-        self.backbone.reset()
-
-    def prefill(self, taps) -> None:
-        self.backbone.prefill(taps)
-
-    def commit(self, n_accepted: int, taps) -> None:
-        self.backbone.commit(n_accepted, taps)
-
+    # --- the backbone keeps the context (OnBackbone); the loop state lives only within a block
     def _weights(self, i: int) -> tuple[float, float]:
         return (0.0, 0.0) if i == 0 else (self.alpha[i - 1], self.beta[i - 1])
 
