@@ -1,4 +1,4 @@
-"""Per-block cost of the sequential loops (drafters/sequential.py: DeLS-Spec's RNN / Markov heads and Domino-FT's
+"""Per-block cost of the sequential loops (drafters/head_loop.py: DeLS-Spec's RNN / Markov heads and Domino-FT's
 prefix GRU + residual head; K-1 corrected positions after DFlash's first draft) at Qwen3-8B shapes with random
 weights: eager torch vs eager Triton vs CUDA graph + Triton (and + torch).
 Checks that every variant drafts the same tokens. Prints a markdown table; never imported by the library.

@@ -55,8 +55,8 @@ def setup(args):
     from hydra import compose, initialize_config_dir
 
     from specexp import benchmarks, registry
-    from specexp.cli import CONF_DIR
-    from specexp.eval.evaluator import decode_config
+    from specexp.eval.summary import decode_config
+    from specexp.paths import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", [f"target={args.target}", f"drafter={args.drafter}", "device=cpu",

@@ -42,7 +42,7 @@ def main() -> None:
     from hydra import compose, initialize_config_dir
 
     from specexp import registry
-    from specexp.cli import CONF_DIR
+    from specexp.paths import CONF_DIR
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2_135m")

@@ -37,8 +37,8 @@ def setup(args):
     from hydra import compose, initialize_config_dir
 
     from specexp import benchmarks, registry
-    from specexp.cli import CONF_DIR
-    from specexp.eval.evaluator import decode_config
+    from specexp.eval.summary import decode_config
+    from specexp.paths import CONF_DIR
 
     overrides = [f"target={args.target}", f"drafter={args.drafter}", "device=cpu", f"eval.split={args.split}",
                  f"eval.num_samples={args.num_samples}", f"eval.max_new_tokens={args.max_new_tokens}",

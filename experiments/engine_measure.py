@@ -113,7 +113,7 @@ def timed_rounds(target, drafter, ids: list[int], dc: DecodeConfig):
     DeLS: also the fused [V, r] head rows, `fuse_torch`), `commit`, and `rest` = wall - verify - propose - commit
     (acceptance, rollback, the loop's own Python). Rounds from the first verification to the last complete one.
     Returns the Generation and `{part: [seconds per round]}`."""
-    from specexp.drafters import sequential
+    from specexp.drafters import head_loop
 
     events, state = [], {"in_propose": False, "t": 0.0}
     clock = time.perf_counter
@@ -133,7 +133,7 @@ def timed_rounds(target, drafter, ids: list[int], dc: DecodeConfig):
 
     undo = [(target, "forward")]
     target.forward = timed("verify", target.forward)
-    hooks, fuse = [], sequential.fuse_torch
+    hooks, fuse = [], head_loop.fuse_torch
     if drafter is not None:
         for name, kind in (("propose", "propose"), ("commit", "commit")):
             undo.append((drafter, name))
@@ -147,7 +147,7 @@ def timed_rounds(target, drafter, ids: list[int], dc: DecodeConfig):
                 events.append(("projection", state["t"], clock()))
         for m in projection_modules(drafter):
             hooks += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
-        sequential.fuse_torch = timed("projection", fuse)
+        head_loop.fuse_torch = timed("projection", fuse)
     try:
         gen = generate(target, drafter, ids, dc)
     finally:
@@ -155,7 +155,7 @@ def timed_rounds(target, drafter, ids: list[int], dc: DecodeConfig):
             delattr(obj, name)                     # the class's method again
         for h in hooks:
             h.remove()
-        sequential.fuse_torch = fuse
+        head_loop.fuse_torch = fuse
     starts = [t0 for kind, t0, _ in events if kind == "verify"]
     parts = {p: [] for p in ("wall", "verify", "propose", "projection", "commit", "rest")}
     for a, b in zip(starts[1:], starts[2:]):      # forward 0 is the prefill

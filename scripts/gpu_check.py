@@ -60,7 +60,7 @@ a part leaves unused goes to the later ones and the whole run stays within 570 s
 (2 busy cores, the image's package set simulated, 542 s in all):
   qwen3_8b_shape    110  H200 93 s with 30-iteration timings (95 -> over its limit once, passed alone); now 10
                          iterations. ~20 s of it is the host-side random init of the 5-layer DFlash drafter at 8B
-                         widths (drafters/dflash.init_weights draws on the CPU). CPU dry run 22 s
+                         widths (drafters/layers.init_weights draws on the CPU). CPU dry run 22 s
   static_graph       90  not yet run on a GPU; estimated: start + build ~15 s, eager timings (20 iterations x 5
                          repeats of a ~35 ms step and a verify) ~10 s, two captures of the plain step ~5 s, inductor
                          compiling one decoder layer per shape (2 shapes) and capturing ~30-60 s. CPU dry run 54 s

@@ -43,8 +43,10 @@ def bad(tmp_path_factory):
     from safetensors.torch import save_file
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
-    from specexp.targets import cache_root, qwen3_tokenizer
+    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel
+    from specexp.drafters.layers import init_weights
+    from specexp.paths import cache_root
+    from specexp.targets import qwen3_tokenizer
 
     root = tmp_path_factory.mktemp("bad")
     tok = qwen3_tokenizer(cache_root(os.environ["SPECEXP_CACHE"]))

@@ -15,7 +15,7 @@ import engine_measure as em  # noqa: E402
 
 from specexp import registry  # noqa: E402
 from specexp.decoding.engine import DecodeConfig, generate  # noqa: E402
-from specexp.drafters import sequential  # noqa: E402
+from specexp.drafters import head_loop  # noqa: E402
 from specexp.kernels import fusion  # noqa: E402
 from specexp.static_target import StaticTarget  # noqa: E402
 
@@ -74,7 +74,7 @@ def test_timed_rounds_cut_every_round_into_its_parts(name, static, ids, cfg_fact
         assert abs(parts["wall"][i] - parts["verify"][i] - parts["propose"][i] - parts["commit"][i]
                    - parts["rest"][i]) < 1e-9
     # Everything put back: the target's and the drafter's methods, the module hooks, the fusion function.
-    assert "forward" not in vars(static) and sequential.fuse_torch is fusion.fuse_torch
+    assert "forward" not in vars(static) and head_loop.fuse_torch is fusion.fuse_torch
     if drafter is not None:
         assert "propose" not in vars(drafter) and "commit" not in vars(drafter)
         assert all(not m._forward_hooks and not m._forward_pre_hooks for m in em.projection_modules(drafter))

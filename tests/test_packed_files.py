@@ -50,10 +50,10 @@ def test_a_torn_packed_checkpoint_is_one_line(tmp_path):
 def test_missing_weights_name_the_rebuild_command(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(UserError, match="no model.safetensors"):
-        ckpt.shards(tmp_path, "d")
+        ckpt.weight_files(tmp_path, "d")
     (tmp_path / "card.json").write_text(json.dumps({"rebuild": "python -m specexp experiment=x"}))
     with pytest.raises(UserError, match="not in this checkout .*build them with `python -m specexp experiment=x`"):
-        ckpt.shards(tmp_path, "d")
+        ckpt.weight_files(tmp_path, "d")
 
 
 def test_the_committed_xl_card_names_its_rebuild_experiment():

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from specexp import benchmarks, pins
-from specexp.drafters import dels, dflash
+from specexp import checkpoints as ckpt
+from specexp.drafters import dels
 
 ROOT = Path(__file__).resolve().parents[1]
 SHA_A, SHA_B = "a" * 40, "b" * 40
@@ -42,9 +43,9 @@ def test_a_pin_is_downloaded_unless_the_config_names_a_revision(pinned, monkeypa
         return str(tmp_path)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
-    dflash.resolve_checkpoint("z-lab/Qwen3-8B-DFlash-b16")
-    dflash.resolve_checkpoint("z-lab/Qwen3-8B-DFlash-b16", "v2")
-    dflash.resolve_checkpoint("z-lab/Qwen3-4B-DFlash-b16")                 # not pinned: the default branch
+    ckpt.resolve("z-lab/Qwen3-8B-DFlash-b16")
+    ckpt.resolve("z-lab/Qwen3-8B-DFlash-b16", "v2")
+    ckpt.resolve("z-lab/Qwen3-4B-DFlash-b16")                 # not pinned: the default branch
     dels.resolve_head("dt3t/DeLS-Spec-Weights/qwen3-8b", None, "w")
     assert calls == [("z-lab/Qwen3-8B-DFlash-b16", SHA_A), ("z-lab/Qwen3-8B-DFlash-b16", "v2"),
                      ("z-lab/Qwen3-4B-DFlash-b16", None), ("dt3t/DeLS-Spec-Weights", SHA_B)]

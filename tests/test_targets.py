@@ -153,7 +153,8 @@ def test_lean_target_loads_the_vocabulary_matrices_only(tmp_path, tied, cfg_fact
 
     from specexp import registry
     from specexp.errors import UserError
-    from specexp.targets import cache_root, qwen3_tokenizer
+    from specexp.paths import cache_root
+    from specexp.targets import qwen3_tokenizer
 
     tok = qwen3_tokenizer(cache_root(cfg_factory().paths.cache))
     config = Qwen3Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=3,

@@ -18,9 +18,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from . import cli, log
-from .cli import CONF_DIR, fail, precheck
+from .cli import fail, precheck
 from .config import hydra_choices
 from .errors import UserError
+from .paths import CONF_DIR
 from .tasks import run_task, sweeper_metric
 
 

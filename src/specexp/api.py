@@ -33,6 +33,7 @@ def compose(overrides: Sequence[str] = ()) -> tuple[object, dict]:
     from omegaconf import open_dict
 
     from . import cli
+    from .paths import CONF_DIR
 
     overrides = [str(o) for o in overrides]
     check(all(not o.startswith("-") for o in overrides),
@@ -41,7 +42,7 @@ def compose(overrides: Sequence[str] = ()) -> tuple[object, dict]:
     search = ["hydra.searchpath=[" + ",".join(f"file://{d}" for d in plugin_dirs) + "]"] if plugin_dirs else []
     cli.precheck([*overrides, *search])
     try:
-        with initialize_config_dir(config_dir=str(cli.CONF_DIR), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = hydra_compose("config", overrides=[*overrides, *search], return_hydra_config=True)
     except HydraException as e:
         raise UserError(cli.first_line(e)) from None
@@ -74,7 +75,7 @@ class Pipeline:
 
         from . import registry
         from .config import validate
-        from .targets import resolve_device
+        from .machine import resolve_device
 
         validate(cfg, job)
         self.cfg = cfg
@@ -110,7 +111,8 @@ class Pipeline:
         from omegaconf import OmegaConf
 
         from .decoding.engine import drafts_per_round, generate
-        from .eval.evaluator import check_fits, decode_config, turn_seed
+        from .eval.evaluator import check_fits, turn_seed
+        from .eval.summary import decode_config
 
         single = isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
                                                 and not isinstance(prompts[0], (str, list, tuple)))

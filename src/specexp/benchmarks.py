@@ -38,13 +38,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import files, pins
+from . import files, paths, pins
 from .errors import UserError, check
 
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 HUMANEVAL_WRAPPER = ("Write a solution to the following problem and make sure that it passes the tests:\n"
                      "```python\n{prompt}\n```")
-DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "benchmarks"
+DATA_DIR = paths.DATA_DIR / "benchmarks"
 
 
 def _math(q: str) -> str:

@@ -1,4 +1,4 @@
-"""Checkpoint I/O for every drafter and head: one directory = `config.json` + `model.safetensors` (or shards
+"""Checkpoint I/O for every drafter and head: one directory = `config.json` + `model.safetensors` (or files
 named by `model.safetensors.index.json`), plus whatever files a drafter keeps beside them (prior, card).
 
 - Any safetensors file may instead be stored xz-compressed beside its name (`model.safetensors.xz`): the exact
@@ -14,6 +14,8 @@ named by `model.safetensors.index.json`), plus whatever files a drafter keeps be
   `pytorch_model.bin`, the DeLS-Spec release's `.pt` files), and only through `read_torch` here:
   `torch.load(weights_only=True)`, whose unpickler builds tensors, dicts, lists and plain scalars and refuses
   every other global (any class or function a crafted file names), so no code in the file runs.
+- `resolve` finds a checkpoint: a local directory (committed ones relative to the repository, from any working
+  directory) or a hub id, downloaded at its pinned revision (pins.py).
 - Saves are atomic per file (write a temporary file in the same directory, then `os.replace`), weights first,
   config last, so a reader never sees a config whose weights are not complete.
 """
@@ -27,8 +29,10 @@ from pathlib import Path
 
 import torch
 
-from .errors import UserError, check
-from .files import read_bytes, stored
+from . import pins
+from .errors import UserError, check, one_of
+from .files import read_bytes, replace_atomic, stored
+from .paths import REPO_ROOT
 
 CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = "config.json", "model.safetensors", "model.safetensors.index.json"
 TORCH_WEIGHTS_FILE = "pytorch_model.bin"        # EAGLE's released drafters (torch.save of a state dict)
@@ -109,15 +113,48 @@ def _missing_weights(path: Path, where: str) -> str:
     return f"{where}: no {WEIGHTS_FILE} (nor {INDEX_FILE})"
 
 
-def replace_atomic(final: Path, write) -> None:
-    """`write(tmp_path)` then rename over `final`; the temporary file is removed if anything fails."""
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+INITS = ("auto", "random", "checkpoint")
+RANDOM_ADVICE = "(or a hub id); use drafter.init=random for a random-init drafter"
+
+
+def resolve_init(init: str, checkpoint, key: str = "drafter", advice: str = RANDOM_ADVICE) -> str:
+    """What `KEY.init` means for this config, `random` or `checkpoint`: `auto` is the checkpoint when `KEY.checkpoint`
+    is set, else random; `checkpoint` with none set, or a value not in INITS, is one line (`advice` ends it). Every
+    drafter and head decides its init here (DFlash and its family, EAGLE-3, the sequential heads, training)."""
+    if init == "auto":
+        return "checkpoint" if checkpoint else "random"
+    one_of(f"{key}.init", init, INITS)
+    check(init == "random" or bool(checkpoint), f"{key}.init=checkpoint needs {key}.checkpoint=DIR {advice}")
+    return init
+
+
+def resolve(path_or_id: str, revision: str | None = None, extra: tuple[str, ...] = ()) -> Path:
+    """Where a `checkpoint` key's checkpoint is, for every drafter and head: a local directory (a relative path that
+    does not exist where the command runs is taken relative to the repository, where the committed mini checkpoints
+    are), or a hub repo id downloaded (config + safetensors only, never code) at `revision`
+    (`drafter.revision`: a branch, tag or commit; None = the default branch). The returned snapshot directory
+    ends in the commit it holds, which training records as the backbone it started from. `extra`: more file
+    names to download, for a loader that reads them safely (EAGLE-3: `pytorch_model.bin`, weights_only)."""
+    p = Path(os.path.expanduser(path_or_id))
+    in_repo = REPO_ROOT / path_or_id                 # committed mini checkpoints, from any working directory
+    local = p if p.exists() or path_or_id.startswith((".", "/", "~")) or path_or_id.count("/") != 1 else None
+    if not p.exists() and not p.is_absolute() and in_repo.exists():
+        local = in_repo
+    if local is not None:
+        check(revision is None, f"drafter.revision={revision!r} pins a hub checkpoint, but drafter.checkpoint="
+                                f"{path_or_id!r} is a local directory; set drafter.revision=null")
+        return local
+    from huggingface_hub import snapshot_download
+
+    revision = pins.revision(path_or_id, revision)
     try:
-        write(tmp)
-        os.chmod(tmp, 0o644)        # safetensors writes 0600: a checkpoint is as readable as the rest of the tree
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
+        return Path(snapshot_download(path_or_id, revision=revision,
+                                      allow_patterns=["config.json", "*.safetensors", "model.safetensors.index.json",
+                                                      *extra]))
+    except Exception as e:
+        at = f" at revision {revision!r}" if revision is not None else ""
+        raise UserError(f"drafter.checkpoint={path_or_id!r}: not a local directory and not downloadable from the "
+                        f"hub{at} ({type(e).__name__}); download it and pass the directory") from None
 
 
 def read_config(path: str | os.PathLike, where: str) -> dict:
@@ -138,8 +175,9 @@ def read_object(f: Path, where: str) -> dict:
     return raw
 
 
-def shards(path: Path, where: str) -> list[str]:
-    """The weight files of a checkpoint directory: the single file, or the shards its index names (validated)."""
+def weight_files(path: Path, where: str) -> list[str]:
+    """The weight files of a checkpoint directory: the single file, or the files its index names (validated).
+    (Not "shards": in this project a shard is a part of a run's prompts, eval/shards.py.)"""
     index = path / INDEX_FILE
     if not index.exists():
         check(stored(path / WEIGHTS_FILE) is not None, _missing_weights(path, where))
@@ -150,11 +188,11 @@ def shards(path: Path, where: str) -> list[str]:
         raise UserError(f"{where}: {INDEX_FILE} is not valid JSON ({e})") from None
     wmap = raw.get("weight_map") if isinstance(raw, dict) else None
     check(isinstance(wmap, dict) and bool(wmap) and all(isinstance(v, str) for v in wmap.values()),
-          f"{where}: {INDEX_FILE} needs a non-empty 'weight_map' object of tensor name -> shard file")
+          f"{where}: {INDEX_FILE} needs a non-empty 'weight_map' object of tensor name -> weight file")
     files = sorted(set(wmap.values()))
     for f in files:
         check(Path(f).name == f and stored(path / f) is not None,
-              f"{where}: {INDEX_FILE} names shard {f!r}, which is absent")
+              f"{where}: {INDEX_FILE} names weight file {f!r}, which is absent")
     return files
 
 
@@ -163,8 +201,8 @@ def load_state(path: str | os.PathLike, expected: dict[str, torch.Tensor], where
     meta device): every key present, none unexpected, every shape equal. Dtypes are the file's."""
     path = Path(path)
     state: dict[str, torch.Tensor] = {}
-    for shard in shards(path, where):
-        state.update(read_tensors(path / shard, where)[0])
+    for f in weight_files(path, where):
+        state.update(read_tensors(path / f, where)[0])
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     for kind, keys in (("missing", missing), ("unexpected", unexpected)):
         more = f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""

@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 from . import log
 from .config import unknown_key_message
 from .errors import UserError
+from .paths import CONF_DIR
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 # Hydra flags that take a value as the next argument (--info takes one only when it names what to show).
 _FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--cfg", "-c",
                      "--package", "-p", "--experimental-rerun"}
@@ -130,8 +130,8 @@ def sweep_table(sweep_dir: Path, since: float) -> tuple[list[dict], list[str]]:
 def write_sweep_table(sweep_dir: Path, since: float) -> str | None:
     """Print the sweep's table and write it beside its jobs (MULTIRUN_TABLE .md and .json); None without jobs.
     A sweep directory that cannot be written still gets the table printed (and one warning line)."""
+    from .files import write_json, write_text_atomic
     from .report.tables import multirun_markdown
-    from .tracking import write_json, write_text_atomic
 
     jobs, swept = sweep_table(sweep_dir, since)
     if not jobs:
@@ -361,7 +361,8 @@ def _check_merged_keys(cfg, key: str, value: dict) -> None:
 def record_job_command(job_dir: Path, job: dict) -> None:
     """A failed multirun job's command.json, unless its directory has one (it may be another run's, which a refused
     job must not change): the sweep's table then names the failed job's overrides, and `rerun` repeats it."""
-    from .tracking import COMMAND_FILE, command_record, write_json
+    from .files import write_json
+    from .tracking import COMMAND_FILE, command_record
 
     path = Path(job_dir) / COMMAND_FILE
     if path.exists():

@@ -32,15 +32,15 @@ from .engine_export import REPO_ID as EXPORT_REPO_ID
 from .errors import UserError
 from .eval.shards import VALID as SHARD_VALID
 from .eval.shards import is_valid as shard_is_valid
+from .paths import CONF_DIR
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 ANY = "any"                                  # the type tag of a null or interpolated option value
 FREE_FORM = {"target.chat_kwargs", "eval.num_samples", "eval.tune_samples"}  # mappings whose keys are the user's
 OPTIONAL_KEYS: dict[str, str] = {}          # key -> type tag of keys read with .get(), absent from every option file
 
 
 def _device_pattern():
-    from .targets import DEVICE  # the device grammar lives with the code that parses it
+    from .machine import DEVICE  # the device grammar lives with the code that parses it
 
     return DEVICE
 
@@ -402,7 +402,8 @@ RULES = {
 
 
 def _packed_regen(v: str) -> bool:
-    from .training.data import repo_path, stored_file
+    from .paths import repo_path
+    from .training.data import stored_file
 
     return (repo_path(v) / "manifest.json").is_file() and stored_file(repo_path(v) / "tokens.npy") is not None
 
@@ -592,15 +593,16 @@ def _check_drafter_checkpoint(values: dict) -> None:
     ckpt = d.get("checkpoint")
     if d.get("init") == "random" or not isinstance(ckpt, str) or not set(option_tree("drafter", "dflash")) <= set(d):
         return
-    from .checkpoints import read_config, shards
-    from .drafters.dflash import REPO_ROOT, DFlashConfig
+    from .checkpoints import read_config, weight_files
+    from .drafters.dflash import DFlashConfig
+    from .paths import REPO_ROOT
 
     path = Path(ckpt).expanduser()
     path = path if path.exists() or path.is_absolute() else REPO_ROOT / ckpt    # committed checkpoints
     if path.is_dir():                            # else a hub id, or absent: the drafter's loader says which
         where = f"drafter.checkpoint={ckpt!r}"
         DFlashConfig.from_dict(read_config(path, where), f"{where}: config.json")
-        shards(path, where)
+        weight_files(path, where)
 
 
 # ---------------------------------------------------------------------------------- the run directory
@@ -631,7 +633,7 @@ def check_run_dir(out_dir) -> None:
 def checkpoint_paths(drafter: dict) -> dict[str, Path]:
     """drafter.KEY -> the local directory of every `checkpoint` key (drafter.checkpoint, drafter.head.checkpoint)
     that names one (a committed checkpoint is relative to the repository; a hub id names none)."""
-    from .drafters.dflash import REPO_ROOT
+    from .paths import REPO_ROOT
 
     out = {}
 

@@ -140,6 +140,7 @@ def plan(cfg, run_dir) -> Plan:
     """Check everything an export needs and load the drafter; nothing is written. One `UserError` line per fault."""
     import torch
 
+    from . import checkpoints as ckpt
     from .drafters import dflash, eagle3
 
     ex, d = cfg.export, cfg.drafter
@@ -154,7 +155,7 @@ def plan(cfg, run_dir) -> Plan:
     out = out_dir_of(ex, run_dir)
     push = check_push(ex)
     where = f"drafter.checkpoint={str(d.checkpoint)!r}"
-    resolve = eagle3.resolve_eagle3 if d.name == "eagle3" else dflash.resolve_checkpoint   # EAGLE's .bin too
+    resolve = eagle3.resolve_eagle3 if d.name == "eagle3" else ckpt.resolve   # EAGLE's .bin too
     source = Path(resolve(str(d.checkpoint), d.get("revision")))
     check(not _nested(out, source), f"the export directory {out} and {where} nest; choose an export.out outside "
                                     f"the checkpoint")
@@ -305,7 +306,7 @@ def card_markdown(info: dict, config: dict) -> str:
 def write(p: Plan) -> list[str]:
     """Write the export; a new directory is built beside its final name and renamed into place whole, an existing
     one (export.overwrite=true) gets each file replaced atomically. Returns the file names written."""
-    from .tracking import write_json, write_text_atomic
+    from .files import write_json, write_text_atomic
 
     def fill(d: Path) -> None:
         p.model.save_pretrained(d, p.dtype) if p.kind == "dflash" else p.model.save_pretrained(d, p.dtype, p.config)
@@ -346,7 +347,7 @@ def upload(out: Path, repo_id: str, private: bool) -> str:
 def run_export(cfg, out_dir) -> dict:
     """`task=export`: plan (every check, the drafter loaded), claim the run directory, write, push when asked."""
     from .eval.store import claimed_for
-    from .tracking import write_json
+    from .files import write_json
 
     p = plan(cfg, out_dir)
     with claimed_for(out_dir, "export") as d:     # never into another run's directory, nor while one runs there

@@ -1,12 +1,20 @@
-"""Reading a user's text files (benchmark JSONL, training corpora, results): every fault one line naming the file.
+"""Reading and writing files: every read fault one line naming the file, every write atomic.
 
-A path that is a directory, a missing file, unreadable or truncated gzip, and bytes that are not UTF-8 (with the
-line they are on) each become a `UserError`, so a reader never surfaces an OSError or UnicodeDecodeError, and
-never a write-side message ("free some space") for a read."""
+Reading a user's text files (benchmark JSONL, training corpora, results): a path that is a directory, a missing
+file, unreadable or truncated gzip, and bytes that are not UTF-8 (with the line they are on) each become a
+`UserError`, so a reader never surfaces an OSError or UnicodeDecodeError, and never a write-side message ("free
+some space") for a read.
+
+Writing (results, cards, checkpoints, exports): `replace_atomic` is the one way a file is replaced. The new
+content goes into a temporary file beside it, which is renamed onto the name, so a reader (or a crash, a full
+disk, a kill) sees the old file or the new one, never a cut one; `write_text_atomic` and `write_json` also fsync
+the file and the rename (result files).
+"""
 from __future__ import annotations
 
 import contextlib
 import gzip
+import json
 import lzma
 import os
 import tempfile
@@ -70,16 +78,48 @@ def check_new_file(path, key: str, overwrite: bool, overwrite_key: str) -> Path:
     return path
 
 
-def write_new_file(path: Path, write) -> None:
-    """`write(tmp)` into a temporary file beside `path`, then rename it onto `path`; the temporary file never
-    outlives a failure (and os.replace cannot half-replace `path`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def replace_atomic(path: str | os.PathLike, write, durable: bool = False) -> None:
+    """`write(tmp)` into a temporary file beside `path`, then rename it onto `path`. The temporary file lives in the
+    same directory (os.replace is atomic only within one file system), is made as readable as any other file
+    (mkstemp and safetensors make 0600), and never outlives a failure; os.replace cannot half-replace `path`.
+    `durable`: the directory is fsynced after the rename, so the rename itself survives a power cut."""
+    path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         write(Path(tmp))
-        os.chmod(tmp, 0o644)                # mkstemp makes 0600; an exported file is as readable as any other
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
+    except BaseException:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
+        raise
+    if durable:
+        _fsync_dir(path.parent)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Replace `path` with `text` (UTF-8, newlines as given) atomically and durably: the file is fsynced before the
+    rename and the rename after it (`replace_atomic`)."""
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+
+    replace_atomic(path, write, durable=True)
+
+
+def write_json(path: str | os.PathLike, obj) -> None:
+    """Write JSON atomically (`write_text_atomic`), indented, with a final newline."""
+    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
+
+
+def _fsync_dir(d: Path) -> None:
+    """Make a rename durable (POSIX); skipped where a directory cannot be opened."""
+    with contextlib.suppress(OSError):
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

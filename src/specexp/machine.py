@@ -4,16 +4,22 @@ flags that decide the target's precision (`target.dtype=auto`, targets.py) and t
 Native bf16 on a CPU means AVX512-BF16 (`avx512_bf16`: bf16 dot products) or AMX (`amx_bf16`: bf16 tile matrix
 multiplies). Without them PyTorch emulates bf16 matrix multiplies through fp32 and gains nothing, so `auto` keeps
 fp32 there. Linux reports the flags in /proc/cpuinfo; elsewhere oneDNN's own bf16 check answers.
+
+Also which device of this machine a run uses (`resolve_device`: the `device` key against the GPUs it has).
 """
 from __future__ import annotations
 
 import os
 import platform
+import re
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
+from .errors import check
+
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")            # what `device=` accepts
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")      # the ones that decide a CPU's speed here
 
 
@@ -61,3 +67,18 @@ def describe(device: torch.device) -> dict:
     if device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
     return out
+
+
+def resolve_device(device: str) -> torch.device:
+    """The `device` key as the device this machine runs on: `auto` = CUDA when present, else the CPU; a GPU that is
+    not there (no CUDA, or an index past the machine's GPUs) is one line."""
+    check(isinstance(device, str) and DEVICE.fullmatch(device) is not None,
+          f"device={device!r} is malformed; use auto, cpu, cuda or cuda:N (N a GPU index)")
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    check(not device.startswith("cuda") or torch.cuda.is_available(),
+          f"device={device!r} but CUDA is not available here; use device=cpu")
+    if device.startswith("cuda:"):
+        n = torch.cuda.device_count()
+        check(int(device[5:]) < n, f"device={device!r} but this machine has {n} GPU(s): cuda:0..cuda:{n - 1}")
+    return torch.device(device)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ import torch
 from . import pins
 from .errors import UserError, check, one_of
 from .machine import native_bf16
+from .paths import cache_root
 
 QWEN3_MASK_TOKEN, QWEN3_MASK_ID = "<|MASK|>", 151669
 # Qwen2/Qwen3 special tokens in id order from 151643 (after the 151643 BPE tokens).
@@ -210,9 +210,6 @@ class Target:
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")            # what `device=` accepts
-
-
 def target_settings(target_cfg, device: torch.device) -> dict:
     """The `target` group as the settings of a run, a training stage or a reference: without its cache directory,
     `engine` only when it is not the default `hf` and `compile` only when true (the static engine computes the same
@@ -225,19 +222,6 @@ def target_settings(target_cfg, device: torch.device) -> dict:
         t["dtype"] = str(resolve_dtype("auto", device)).removeprefix("torch.")
     return {k: v for k, v in t.items() if k != "cache_dir" and not (k == "engine" and v == "hf")
             and not (k == "compile" and v is False)}
-
-
-def resolve_device(device: str) -> torch.device:
-    check(isinstance(device, str) and DEVICE.fullmatch(device) is not None,
-          f"device={device!r} is malformed; use auto, cpu, cuda or cuda:N (N a GPU index)")
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    check(not device.startswith("cuda") or torch.cuda.is_available(),
-          f"device={device!r} but CUDA is not available here; use device=cpu")
-    if device.startswith("cuda:"):
-        n = torch.cuda.device_count()
-        check(int(device[5:]) < n, f"device={device!r} but this machine has {n} GPU(s): cuda:0..cuda:{n - 1}")
-    return torch.device(device)
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -269,10 +253,6 @@ def attn_implementation(requested: str) -> str:
     except Exception:              # ImportError, OSError (undefined symbol in the .so), RuntimeError
         return "sdpa"
     return "flash_attention_2"
-
-
-def cache_root(path: str) -> Path:
-    return Path(os.path.expanduser(path))
 
 
 def _atomic_dir(final: Path, build) -> Path:
@@ -429,7 +409,7 @@ def check_hf_dir(path: Path, where: str) -> None:
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from .checkpoints import INDEX_FILE, WEIGHTS_FILE, shards
+    from .checkpoints import INDEX_FILE, WEIGHTS_FILE, weight_files
 
     check((path / "config.json").is_file(), f"{where}: no config.json (not an HF model directory)")
     try:
@@ -442,12 +422,12 @@ def check_hf_dir(path: Path, where: str) -> None:
                            f"loaded (unpickling can run code): convert it to {WEIGHTS_FILE}")
         raise UserError(f"{where}: no {WEIGHTS_FILE} (nor {INDEX_FILE}): the weights are missing")
     shapes: dict[str, list[int]] = {}
-    for shard in shards(path, where):
+    for fname in weight_files(path, where):
         try:
-            with safe_open(path / shard, framework="pt") as f:
+            with safe_open(path / fname, framework="pt") as f:
                 shapes.update({k: list(f.get_slice(k).get_shape()) for k in f.keys()})
         except Exception as e:                             # a torn or foreign file: safetensors raises many types
-            raise UserError(f"{where}: cannot read {shard} ({type(e).__name__}: {_first_line(e)})") from None
+            raise UserError(f"{where}: cannot read {fname} ({type(e).__name__}: {_first_line(e)})") from None
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)

@@ -27,7 +27,7 @@ def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
     from .eval.replay import grid_requested, run_replay
     from .report.dashboard import run_dashboard
     from .report.page import run_report
-    from .training.local_heads import run_prior
+    from .training.dels_module import run_prior
     from .training.pipeline import run_regenerate, run_train
 
     # Which checkpoints a drafter uses for a target is the drafter's knowledge (its registry entry); filled here,

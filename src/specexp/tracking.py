@@ -7,7 +7,6 @@ the config holds no credentials and the environment is never recorded.
 """
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import csv
 import io
@@ -17,7 +16,6 @@ import platform
 import shlex
 import subprocess
 import sys
-import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -25,18 +23,19 @@ import torch
 
 from . import log
 from .errors import one_of
+from .files import write_json, write_text_atomic
 from .machine import cpu_info, describe
+from .paths import REPO_ROOT
 
 PACKAGES = ("specexp", "torch", "transformers", "tokenizers", "hydra-core", "omegaconf", "lightning", "triton",
             "wandb", "datasets", "safetensors")
 
 
 def git_sha() -> dict:
-    root = Path(__file__).resolve().parents[2]
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
                              timeout=5).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
                                     capture_output=True, text=True, timeout=5).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         return {"sha": None, "dirty": None}
@@ -335,38 +334,3 @@ def make_logger(cfg, out_dir: Path, config: dict, name: str, job_type: str | Non
     if cfg.name == "wandb":
         return WandbLogger(cfg, out_dir, config, run_name(name), job_type)
     return NoLogger()
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Replace `path` with `text` atomically: readers (and a crash, a full disk, a kill) see the old file or the
-    new one, never a cut one. The temp file lives in the same directory (os.replace is atomic only within one
-    file system), is fsynced before the rename, and is removed if anything fails."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)                # mkstemp makes 0600; results are as readable as any other file
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(d: Path) -> None:
-    """Make the rename itself durable (POSIX); skipped where a directory cannot be opened."""
-    with contextlib.suppress(OSError):
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def write_json(path: str | os.PathLike, obj) -> None:
-    """Write JSON atomically (`write_text_atomic`)."""
-    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")

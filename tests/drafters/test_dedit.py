@@ -8,7 +8,8 @@ from helpers import ToyTarget, _Stateless, chi2_pvalue_against_toy
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters import dedit
-from specexp.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashDraftModel, init_weights
+from specexp.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashDraftModel
+from specexp.drafters.layers import init_weights
 from specexp.errors import UserError
 
 

@@ -174,7 +174,8 @@ def test_bad_fusion_weights_and_heads_are_one_line_errors(cfg_factory, tiny_targ
     with pytest.raises(UserError, match="needs a CUDA device"):
         build(cfg_factory, t, "rnn", "fusion.cuda_graph=true")
     # A trained (here: saved) DFlash without a head is refused rather than paired with a random head.
-    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
+    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel
+    from specexp.drafters.layers import init_weights
 
     init_weights(DFlashDraftModel(DFlashConfig.for_target(t, 1, 16, None)), 0).save_pretrained(tmp_path / "dflash")
     with pytest.raises(UserError, match="no DeLS head for target tiny_qwen3"):

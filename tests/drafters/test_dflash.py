@@ -6,8 +6,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from specexp import checkpoints as ckpt
 from specexp.decoding.engine import DecodeConfig, generate
-from specexp.drafters.dflash import DFlashDrafter, DFlashDraftModel, build_target_layer_ids, check_fits, init_weights
+from specexp.drafters.dflash import DFlashDrafter, DFlashDraftModel, build_target_layer_ids, check_fits
+from specexp.drafters.layers import init_weights
 from specexp.errors import UserError
 
 H, I, NH, NKV, D, LAYERS, IDS = 64, 128, 4, 2, 16, 2, [0, 2]
@@ -235,7 +237,7 @@ def test_hub_checkpoint_is_downloaded_at_drafter_revision(zlab_dir, tiny_target,
     from omegaconf import OmegaConf
 
     from specexp.drafters import dflash
-    from specexp.eval.evaluator import run_settings
+    from specexp.eval.summary import run_settings
 
     calls = []
     monkeypatch.setattr(huggingface_hub, "snapshot_download",
@@ -243,9 +245,20 @@ def test_hub_checkpoint_is_downloaded_at_drafter_revision(zlab_dir, tiny_target,
                         or str(zlab_dir))
     cfg = OmegaConf.create({"init": "checkpoint", "checkpoint": "org/drafter", "revision": "a1b2c3d"})
     assert dflash.build(cfg, tiny_target).max_drafts == 7
-    assert dflash.resolve_checkpoint("org/drafter") == zlab_dir
+    assert ckpt.resolve("org/drafter") == zlab_dir
     assert calls == [("org/drafter", "a1b2c3d"), ("org/drafter", None)]
     with pytest.raises(UserError, match=r"drafter.revision='v1' pins a hub checkpoint.*local directory"):
-        dflash.resolve_checkpoint(str(zlab_dir), "v1")
+        ckpt.resolve(str(zlab_dir), "v1")
     cfg = cfg_factory("drafter.revision=v1")
     assert run_settings(cfg, torch.device("cpu"))["drafter"]["revision"] == "v1"
+
+
+def test_init_resolution_is_one_rule():
+    """`drafter.init` (and `drafter.head.init`) mean the same for every drafter: auto = the checkpoint when one is
+    set, else random; checkpoint without one, or an unknown value, is one line naming the key."""
+    assert ckpt.resolve_init("auto", None) == "random" and ckpt.resolve_init("auto", "d") == "checkpoint"
+    assert ckpt.resolve_init("random", "d") == "random" and ckpt.resolve_init("checkpoint", "d") == "checkpoint"
+    with pytest.raises(UserError, match=r"^drafter.init=checkpoint needs drafter.checkpoint=DIR \(or a hub id\)"):
+        ckpt.resolve_init("checkpoint", None)
+    with pytest.raises(UserError, match=r"^drafter.head.init='x' is not valid; choose one of: auto, random, check"):
+        ckpt.resolve_init("x", None, "drafter.head")

@@ -8,7 +8,8 @@ from helpers import EagerLoop, ToyTarget, _Stateless, chi2_pvalue_against_toy, m
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters import domino
-from specexp.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashDraftModel, init_weights
+from specexp.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashDraftModel
+from specexp.drafters.layers import init_weights
 from specexp.training.domino_module import DominoLitModule
 from specexp.training.pipeline import lightning_fit
 
@@ -202,3 +203,21 @@ def test_head_checkpoint_round_trips_and_bad_input_is_one_line(cfg_factory, tiny
                                            f"drafter.checkpoint={bb}").drafter, t)
     with pytest.raises(UserError, match="needs a CUDA device"):
         registry.build_drafter(cfg_factory("drafter=domino_ft", "fusion.cuda_graph=true").drafter, t)
+
+
+def test_a_checkpoint_config_is_read_once_per_load(cfg_factory, tiny_target, tmp_path, monkeypatch):
+    """Building a drafter from a checkpoint reads its config.json once, however many layers look at it (Domino
+    first asks whether it is a released Domino drafter, then hands the same reading to the DFlash loader)."""
+    from specexp import checkpoints as ckpt
+
+    t, reads = tiny_target, []
+    bb = tmp_path / "bb"
+    init_weights(DFlashDraftModel(DFlashConfig.for_target(t, 1, 6, None)), 0).save_pretrained(bb)
+    real = ckpt.read_object
+    monkeypatch.setattr(ckpt, "read_object", lambda f, where: reads.append(f.name) or real(f, where))
+    for drafter in ("dflash", "domino_ft", "dels_rnn", "dedit"):
+        reads.clear()
+        registry.build_drafter(cfg_factory(f"drafter={drafter}", "drafter.init=checkpoint", f"drafter.checkpoint={bb}",
+                                           *(["drafter.head.init=random"] if drafter in ("domino_ft", "dels_rnn")
+                                             else [])).drafter, t)
+        assert reads == ["config.json"], (drafter, reads)

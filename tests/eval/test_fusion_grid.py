@@ -106,7 +106,7 @@ def test_pruned_grid_argmax_equals_the_full_argmax_ties_included():
     """`_grid_hits` against `fused_logits(...).argmax` (kernels/fusion.py, the formula) per cell on random rows with
     values on a coarse lattice (W z exact in floats; many exact ties, which go to the lowest token id), negative
     weights, and the truth set to the winner of some cell."""
-    from specexp.drafters.sequential import _grid_hits
+    from specexp.drafters.head_loop import _grid_hits
     from specexp.kernels.fusion import fused_logits
 
     g = torch.Generator().manual_seed(0)

@@ -11,7 +11,8 @@ from helpers import STRONG, OracleDrafter, ScriptedTarget, follow_script, micro_
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters import dedit
-from specexp.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashDraftModel, init_weights
+from specexp.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashDraftModel
+from specexp.drafters.layers import init_weights
 from specexp.errors import UserError
 from specexp.eval.replay import replay_turn, teacher_forced
 

@@ -12,11 +12,11 @@ from conftest import TINY, make_cfg
 from specexp.benchmarks import Sample
 from specexp.errors import UserError
 from specexp.eval import evaluator, shards
-from specexp.eval.evaluator import summarize_records
 from specexp.eval.metrics import TIMING_KEYS
 from specexp.eval.store import ResultStore
+from specexp.eval.summary import summarize_records
+from specexp.files import write_json
 from specexp.report.tables import summary_markdown
-from specexp.tracking import write_json
 
 COMMON = ["benchmark.names=[gsm8k,mt_bench]", "eval.num_samples=3", "eval.max_new_tokens=8", "drafter.block_size=4",
           "cpu_threads=1"]

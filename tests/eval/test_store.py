@@ -10,11 +10,12 @@ import pytest
 import torch
 from conftest import ROOT, TINY, make_cfg
 
-from specexp import benchmarks, tracking
+from specexp import benchmarks, files
 from specexp.benchmarks import Sample
 from specexp.errors import UserError
 from specexp.eval import evaluator
 from specexp.eval.store import ResultStore, read_records
+from specexp.eval.summary import run_settings
 
 SETTINGS = {"target": {"name": "tiny_qwen3"}, "drafter": {"name": "dflash", "init": "random"}, "seed": 0}
 GSM = [Sample(f"g{i}", "gsm8k", [f"question {i}"]) for i in range(4)]
@@ -38,7 +39,7 @@ def finished_dir(d, samples=GSM[:2], settings=SETTINGS):
     with ResultStore(d, settings, samples) as store:
         for s in samples:
             store.append(run_all(s))
-    tracking.write_json(d / "summary.json", {"benchmarks": {}})
+    files.write_json(d / "summary.json", {"benchmarks": {}})
     return snapshot(d)
 
 
@@ -81,10 +82,10 @@ def test_more_samples_of_the_same_run_extend_it(tmp_path):
 ])
 def test_a_different_setting_is_refused_and_nothing_changes(tmp_path, base, other, named):
     cpu = torch.device("cpu")
-    settings = evaluator.run_settings(make_cfg([*TINY, *base]), cpu)
+    settings = run_settings(make_cfg([*TINY, *base]), cpu)
     before = finished_dir(tmp_path, settings=settings)
     with pytest.raises(UserError, match="holds results of a different run") as e:
-        ResultStore(tmp_path, evaluator.run_settings(make_cfg([*TINY, *other]), cpu), GSM[:2])
+        ResultStore(tmp_path, run_settings(make_cfg([*TINY, *other]), cpu), GSM[:2])
     assert named in str(e.value)
     assert snapshot(tmp_path) == before
     with ResultStore(tmp_path, settings, GSM[:2]) as store:                          # and still resumable
@@ -96,26 +97,26 @@ def test_a_checkpoint_retrained_in_place_is_a_different_run(tmp_path):
     ckpt.mkdir()
     (ckpt / "model.safetensors").write_bytes(b"weights v1")
     cfg = make_cfg([*TINY, "drafter.init=checkpoint", f"drafter.checkpoint={ckpt}"])
-    finished_dir(tmp_path / "run", settings=evaluator.run_settings(cfg, torch.device("cpu")))
+    finished_dir(tmp_path / "run", settings=run_settings(cfg, torch.device("cpu")))
     (ckpt / "README.md").write_text("a new card")                        # documentation only: the same run
-    ResultStore(tmp_path / "run", evaluator.run_settings(cfg, torch.device("cpu")), GSM[:2]).close()
+    ResultStore(tmp_path / "run", run_settings(cfg, torch.device("cpu")), GSM[:2]).close()
     (ckpt / "model.safetensors").write_bytes(b"weights v2")
     with pytest.raises(UserError, match=r"checkpoint_content\.drafter\.checkpoint: recorded '[0-9a-f]{16}', now"):
-        ResultStore(tmp_path / "run", evaluator.run_settings(cfg, torch.device("cpu")), GSM[:2])
+        ResultStore(tmp_path / "run", run_settings(cfg, torch.device("cpu")), GSM[:2])
 
 
 def test_a_run_on_another_device_is_a_different_run(tmp_path):
     cfg = make_cfg(TINY)
-    finished_dir(tmp_path, settings=evaluator.run_settings(cfg, torch.device("cpu")))
+    finished_dir(tmp_path, settings=run_settings(cfg, torch.device("cpu")))
     with pytest.raises(UserError, match=r"\(device: recorded 'cpu', now 'cuda'\)"):
-        ResultStore(tmp_path, evaluator.run_settings(cfg, torch.device("cuda")), GSM[:2])
+        ResultStore(tmp_path, run_settings(cfg, torch.device("cuda")), GSM[:2])
 
 
 def test_selection_keys_only_select_samples(cfg_factory):
     """num_samples, benchmark names, source, data_dir and shuffle_seed reach run.json through the samples."""
     cpu = torch.device("cpu")
-    a = evaluator.run_settings(cfg_factory("eval.num_samples=2", "benchmark=gsm8k"), cpu)
-    b = evaluator.run_settings(cfg_factory("eval.num_samples=3", "benchmark=mt_bench", "eval.shuffle_seed=4"), cpu)
+    a = run_settings(cfg_factory("eval.num_samples=2", "benchmark=gsm8k"), cpu)
+    b = run_settings(cfg_factory("eval.num_samples=3", "benchmark=mt_bench", "eval.shuffle_seed=4"), cpu)
     assert a == b
 
 
@@ -273,14 +274,13 @@ class _FullDisk:
 
 
 @pytest.mark.parametrize("write", [
-    lambda p: tracking.write_text_atomic(p, "new text " * 2000),
-    lambda p: tracking.write_json(p, {"new": list(range(2000))}),
+    lambda p: files.write_text_atomic(p, "new text " * 2000),
+    lambda p: files.write_json(p, {"new": list(range(2000))}),
 ])
 def test_a_failed_write_leaves_the_old_file_and_no_temp_file(tmp_path, monkeypatch, write):
     path = tmp_path / "config.yaml"
     path.write_text("old: 1\n")
-    real = os.fdopen
-    monkeypatch.setattr(tracking.os, "fdopen", lambda *a, **k: _FullDisk(real(*a, **k)))
+    monkeypatch.setattr(files, "open", lambda *a, **k: _FullDisk(open(*a, **k)), raising=False)
     with pytest.raises(OSError, match="No space left"):
         write(path)
     assert path.read_text() == "old: 1\n" and sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
@@ -288,8 +288,8 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp_file(tmp_path, monkeypat
 
 def test_atomic_writes_replace_and_keep_files_readable(tmp_path):
     path = tmp_path / "summary.md"
-    tracking.write_text_atomic(path, "a")
-    tracking.write_text_atomic(path, "b")
+    files.write_text_atomic(path, "a")
+    files.write_text_atomic(path, "b")
     assert path.read_text() == "b" and oct(path.stat().st_mode & 0o777) == "0o644"
     assert [p.name for p in tmp_path.iterdir()] == ["summary.md"]
 
@@ -302,7 +302,7 @@ def test_a_run_that_fails_validation_leaves_the_directory_claimable(cfg_factory,
     with pytest.raises(UserError, match="no such directory"):
         evaluator.run_eval(bad, tmp_path)
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
-    good = evaluator.run_settings(cfg_factory("benchmark=gsm8k", "eval.num_samples=1"), torch.device("cpu"))
+    good = run_settings(cfg_factory("benchmark=gsm8k", "eval.num_samples=1"), torch.device("cpu"))
     ResultStore(tmp_path, good, GSM[:1]).close()
 
 
@@ -340,7 +340,7 @@ def test_cli_refuses_another_benchmark_a_busy_directory_and_a_full_disk(cfg_fact
     assert "holds results of a different run (benchmarks recorded: gsm8k; this run: math500" in r.stderr
     assert snapshot(d) == before
 
-    settings = evaluator.run_settings(cfg, torch.device("cpu"))
+    settings = run_settings(cfg, torch.device("cpu"))
     with ResultStore(d, settings, benchmarks.load(["gsm8k"], 2)):                # this process holds DIR
         r = cli("benchmark=gsm8k", "eval.num_samples=2", f"hydra.run.dir={d}")
     assert r.returncode == 2 and len(error_lines(r)) == 1 and "is in use by another run" in r.stderr, r.stderr

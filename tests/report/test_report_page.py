@@ -121,7 +121,7 @@ def test_no_runs_is_one_line(tmp_path, cfg_factory):
 def one_prompt_replay() -> dict:
     """A replay summary of one prompt per benchmark, made by the evaluator's own summary: each CI is [τ, τ], and the
     macro CI's upper end comes out 4e-16 below macro τ (the bootstrap's mean and the summary's mean round apart)."""
-    from specexp.eval.evaluator import summarize_records
+    from specexp.eval.summary import summarize_records
 
     lengths = {"gsm8k": [5, 4, 7, 0, 6, 3, 1, 2, 0], "math500": [6, 5, 0, 3, 0, 0, 1, 3], "mbpp": [3, 4, 4]}
     recs = [{"id": "0", "benchmark": b, "turn": 0, "accept_lengths": al, "tau": None, "new_tokens": sum(al) + len(al),

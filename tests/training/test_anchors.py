@@ -6,13 +6,13 @@ import torch
 
 from specexp.training.anchors import (
     build_blocks,
-    cosine_with_warmup,
     default_gamma,
     dense_mask,
     flex_mask,
     leading_correct,
     sample_anchors,
 )
+from specexp.training.optim import cosine_with_warmup
 
 S, B, MASK = 23, 4, 999
 

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
+from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel
+from specexp.drafters.layers import init_weights
 from specexp.training.dedit_module import DEditLitModule
 from specexp.training.pipeline import run_train
 

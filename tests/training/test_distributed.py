@@ -170,7 +170,8 @@ def test_fsdp_strategy_wraps_each_draft_layer_and_leaves_the_target_out(cfg_fact
 def test_context_stream_gives_the_per_layer_kv_results(tiny_target):
     """The training form of the DFlash forward (each layer takes its context K/V inside its call, as an FSDP unit
     needs) computes what inference's per-layer K/V gives, bit for bit."""
-    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
+    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel
+    from specexp.drafters.layers import init_weights
 
     m = init_weights(DFlashDraftModel(DFlashConfig.for_target(tiny_target, 2, 4, None)), 3)
     g = torch.Generator().manual_seed(0)
@@ -195,7 +196,7 @@ def test_every_trainable_parameter_gets_a_gradient_and_an_empty_step_is_a_zero(c
     from specexp.drafters import dels
     from specexp.training import distributed
     from specexp.training.dedit_module import DEditLitModule
-    from specexp.training.local_heads import LocalHeadLitModule
+    from specexp.training.dels_module import LocalHeadLitModule
 
     cfg = cfg_factory("task=train", "train=smoke", "drafter.block_size=4", "train.num_anchors=4")
     plan, ids, mask = dflash_plan(cfg, tiny_target, tmp_path)
@@ -281,11 +282,11 @@ def _fsdp_worker(rank: int, port: int, out: str) -> None:
         report = {"rank": rank, "full": full, "local": local, "units": units, "loss": float(loss.detach()),
                   "gathered": state is not None}
         if state is not None:                                        # rank 0: the whole trained weights
-            from specexp.training import anchors
+            from specexp.training import optim
 
             ref_losses = []                                          # each rank's loss, with that rank's anchors
             for r in (0, 1):
-                anchors.rank_and_world = lambda r=r: (r, 2)
+                optim.rank_and_world = lambda r=r: (r, 2)
                 ref_losses.append(reference.blocks_loss(ids, mask, taps, 0)[0])
             ref_loss = (ref_losses[0] + ref_losses[1]) / 2           # FSDP averages the ranks' gradients
             ref_loss.backward()

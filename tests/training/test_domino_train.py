@@ -5,7 +5,8 @@ import json
 import pytest
 
 from specexp.drafters import domino
-from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
+from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel
+from specexp.drafters.layers import init_weights
 from specexp.training.domino_module import lambda_at
 from specexp.training.pipeline import run_train
 

@@ -10,8 +10,8 @@ import torch
 from conftest import BASE, make_cfg
 
 from specexp.decoding.engine import DecodeConfig, generate
-from specexp.drafters.dflash import init_weights
 from specexp.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3DraftModel
+from specexp.drafters.layers import init_weights
 from specexp.errors import UserError
 from specexp.training import data as D
 from specexp.training import pipeline

@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
+from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel
+from specexp.drafters.layers import init_weights
 from specexp.training import losses
 from specexp.training.losses import chunked_ce
 

@@ -7,7 +7,8 @@ import torch
 
 from helpers import micro_target
 from specexp.decoding.engine import DecodeConfig, generate
-from specexp.drafters.dflash import DFlashDrafter, DFlashDraftModel, init_weights
+from specexp.drafters.dflash import DFlashDrafter, DFlashDraftModel
+from specexp.drafters.layers import init_weights
 from specexp.training import data as D
 from specexp.training import pipeline
 from specexp.training.dflash_module import DFlashLitModule, drafter_config

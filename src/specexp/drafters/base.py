@@ -73,6 +73,22 @@ class Drafter(Protocol):
     def commit(self, n_accepted: int, taps: torch.Tensor | None) -> None: ...
 
 
+class OnBackbone:
+    """A drafter built on a DFlash backbone that keeps the context for it (DEdit, the head loop of DeLS-Spec and
+    Domino-FT): reset, prefill and commit are the backbone's; what it proposes is its own."""
+
+    backbone: Drafter
+
+    def reset(self) -> None:
+        self.backbone.reset()
+
+    def prefill(self, taps) -> None:
+        self.backbone.prefill(taps)
+
+    def commit(self, n_accepted: int, taps) -> None:
+        self.backbone.commit(n_accepted, taps)
+
+
 def choose(logits: torch.Tensor, sampling: Sampling | None) -> Proposal:
     """Drafts from per-position draft logits `[K, V]`: argmax, or samples with their distributions."""
     if sampling is None:

@@ -30,7 +30,7 @@ import torch
 
 from ..errors import check, one_of
 from . import dflash
-from .base import Proposal, Sampling
+from .base import OnBackbone, Proposal, Sampling
 
 RULES = ("argmax", "threshold", "low_confidence")
 EDITORS = ("bidirectional", "causal")
@@ -45,7 +45,7 @@ def block_mask(ctx_len: int, q: int, causal: bool, device) -> torch.Tensor | Non
     return torch.cat([torch.ones(q, ctx_len, dtype=torch.bool, device=device), own], 1)[None, None]
 
 
-class DEditDrafter:
+class DEditDrafter(OnBackbone):
     def __init__(self, backbone: dflash.DFlashDrafter, passes: int, window: int | None = None,
                  verify: int | None = None, rule: str = "argmax", threshold: float = 0.5, confidence: float = 0.9,
                  editor: str = "bidirectional", early_stop: bool = True):
@@ -65,15 +65,6 @@ class DEditDrafter:
         self.rule, self.threshold, self.confidence = rule, float(threshold), float(confidence)
         self.causal, self.early_stop = editor == "causal", bool(early_stop)
         self.tap_layers = backbone.tap_layers
-
-    def reset(self) -> None:
-        self.backbone.reset()
-
-    def prefill(self, taps) -> None:
-        self.backbone.prefill(taps)
-
-    def commit(self, n_accepted: int, taps) -> None:
-        self.backbone.commit(n_accepted, taps)
 
     def logits(self, anchor: int, start: int, tokens: torch.Tensor | None) -> torch.Tensor:
         """One pass over the window: `tokens [W]` (None = pass 0, all masks) → logits `[W, V]` of rows 1..W."""
@@ -178,10 +169,14 @@ class DEditDrafter:
 
 def build(cfg, target) -> DEditDrafter:
     """`drafter=dedit`: the DFlash backbone as `drafter=dflash` builds it (init random / checkpoint), with the
-    drafting and editing options of `drafter.edit`."""
+    drafting and editing options of `drafter.edit`. The backbone must be unshifted: an edit pass reads the block's
+    rows 1..W as drafts 1..W."""
     e = cfg.edit
-    return DEditDrafter(dflash.build(cfg, target), e.passes, e.window, e.verify, e.rule, e.threshold,
-                        e.confidence, e.editor, e.early_stop)
+    backbone = dflash.build(cfg, target)
+    check(backbone.first_row == 1, f"drafter.checkpoint={str(cfg.get('checkpoint'))!r}: a shifted (DSpark-format) "
+                                   "DFlash drafter; drafter=dedit needs an unshifted z-lab-format one")
+    return DEditDrafter(backbone, e.passes, e.window, e.verify, e.rule, e.threshold, e.confidence, e.editor,
+                        e.early_stop)
 
 
 # ---------------------------------------------------------------------------------------------- metrics

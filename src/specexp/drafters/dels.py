@@ -34,11 +34,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import checkpoints as ckpt
-from .. import log, pins
+from .. import files, log, pins
 from ..errors import UserError, check, one_of
+from ..paths import REPO_ROOT
 from . import dflash
-from .sequential import SequentialDrafter, check_fusion_options, gru_step, matvec, random_init
-from .sequential import head_init as resolve_head_init
+from .head_loop import SequentialDrafter, check_fusion_options, gru_step, matvec, random_init
+from .head_loop import head_init as resolve_head_init
 
 WEIGHTS_FILE, PRIOR_FILE = ckpt.WEIGHTS_FILE, "log_prior.safetensors"
 FUSION_WEIGHTS_FILE = "fusion_weights.json"     # learned per-position alpha/beta (fusion=learned)
@@ -165,7 +166,7 @@ def save_prior(counts: torch.Tensor, path: str | os.PathLike, smoothing: float, 
     out = path / PRIOR_FILE
     tensors = {"counts": counts.to(torch.int64).contiguous(), "log_prior": log_prior_from_counts(counts, smoothing)}
     meta = {"smoothing": str(smoothing), "source": json.dumps(source)}
-    ckpt.replace_atomic(out, lambda tmp: save_file(tensors, tmp, metadata=meta))
+    files.replace_atomic(out, lambda tmp: save_file(tensors, tmp, metadata=meta))
     return out
 
 
@@ -266,8 +267,8 @@ def resolve_head(spec: str, revision: str | None, where: str) -> Path:
     project's format: config.json + safetensors) or `owner/name/subfolder` (the release: its two .pt files of
     that subfolder, nothing else). `revision` pins the hub commit."""
     p = Path(os.path.expanduser(spec))
-    if spec.count("/") != 2 or p.exists() or spec.startswith((".", "/", "~")) or (dflash.REPO_ROOT / spec).exists():
-        return dflash.resolve_checkpoint(spec, revision)
+    if spec.count("/") != 2 or p.exists() or spec.startswith((".", "/", "~")) or (REPO_ROOT / spec).exists():
+        return ckpt.resolve(spec, revision)
     from huggingface_hub import snapshot_download
 
     repo, sub = spec.rsplit("/", 1)
@@ -339,7 +340,7 @@ def per_position(name: str, value, n: int) -> list[float]:
 # ----------------------------------------------------------------------------------------- the drafter
 class DeLSDrafter(SequentialDrafter):
     """DFlash long logits + local head + prior, fused position by position (see the module docstring; the
-    loop, kernels and CUDA graph are drafters/sequential.py)."""
+    loop, kernels and CUDA graph are drafters/head_loop.py)."""
 
     def __init__(self, backbone: dflash.DFlashDrafter, head: MergedHead, log_prior: torch.Tensor,
                  alpha, beta, backend: str = "auto", cuda_graph: str | bool = "auto"):

@@ -30,11 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import checkpoints as ckpt
-from .. import log, pins
+from .. import log
 from ..errors import UserError, check
 from .base import Proposal, Sampling, choose, sequence_at
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
+from .layers import MLP, RMSNorm, init_weights, rotate
 
 
 def _is_int(v) -> bool:
@@ -149,22 +148,6 @@ class DFlashConfig:
 
 
 # ---------------------------------------------------------------------------------------------- modules
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
-
-    def forward(self, x):
-        h = x.float()                                    # Qwen3: normalise in fp32, scale in the input dtype
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
-
-
-def rotate(x, cos, sin):                                  # HF rotate_half convention
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-
 class Attention(nn.Module):
     def __init__(self, c: DFlashConfig):
         super().__init__()
@@ -213,17 +196,6 @@ def _flex(device: torch.device):
 
 
 _FLEX_COMPILED = None
-
-
-class MLP(nn.Module):
-    def __init__(self, c: DFlashConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
@@ -291,10 +263,12 @@ class DFlashDraftModel(nn.Module):
     # ------------------------------------------------------------------------------------ checkpoints
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype | None = None,
-                        device: str | torch.device = "cpu", where: str | None = None) -> "DFlashDraftModel":
-        """Load a z-lab-format checkpoint directory strictly (specexp/checkpoints.py)."""
+                        device: str | torch.device = "cpu", where: str | None = None,
+                        raw: dict | None = None) -> "DFlashDraftModel":
+        """Load a z-lab-format checkpoint directory strictly (specexp/checkpoints.py). `raw`: its config.json when the
+        caller has read it already (it is read once per load)."""
         where = where or f"drafter.checkpoint={str(path)!r}"
-        raw = ckpt.read_config(path, where)
+        raw = ckpt.read_config(path, where) if raw is None else raw
         check(not is_dspark(raw), f"{where}: a DSpark-format DFlash drafter (shifted, own embedding and lm_head): "
                                   "it drafts (drafter.checkpoint) but is not a backbone anything trains on here")
         config = DFlashConfig.from_dict(raw, f"{where}: config.json")
@@ -306,18 +280,6 @@ class DFlashDraftModel(nn.Module):
     def save_pretrained(self, path: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
         """Write config.json + model.safetensors (z-lab key names), each file replaced atomically."""
         ckpt.save_module(self, path, self.config.to_dict(), dtype)
-
-
-def init_weights(model: DFlashDraftModel, seed: int, std: float = 0.02) -> DFlashDraftModel:
-    """Random init (tests and smoke runs): N(0, std) linears, unit norms; seeded, leaves global RNG alone."""
-    g = torch.Generator().manual_seed(seed)
-    for m in model.modules():
-        if isinstance(m, nn.Linear):
-            with torch.no_grad():
-                m.weight.copy_(torch.randn(m.weight.shape, generator=g) * std)
-                if m.bias is not None:
-                    m.bias.zero_()
-    return model
 
 
 # ------------------------------------------------------------------- DSpark-format (DeepSpec) DFlash drafters
@@ -370,9 +332,10 @@ class DSparkDFlashModel(DFlashDraftModel):
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype | None = None,
-                        device: str | torch.device = "cpu", where: str | None = None) -> "DSparkDFlashModel":
+                        device: str | torch.device = "cpu", where: str | None = None,
+                        raw: dict | None = None) -> "DSparkDFlashModel":
         where = where or f"drafter.checkpoint={str(path)!r}"
-        raw = ckpt.read_config(path, where)
+        raw = ckpt.read_config(path, where) if raw is None else raw
         check(is_dspark(raw), f"{where}: config.json architectures {raw.get('architectures')!r}, expected "
                               f"[{DSPARK_ARCH!r}]")
         config = dspark_config(raw, f"{where}: config.json")
@@ -385,17 +348,18 @@ class DSparkDFlashModel(DFlashDraftModel):
         raise UserError("a DSpark-format drafter is read-only here (it is not a format this project trains)")
 
 
-def load_model(path: str | os.PathLike, where: str) -> DFlashDraftModel:
-    """The drafter model of a checkpoint directory, by its format: z-lab DFlash, or DSpark-format DFlash."""
-    raw = ckpt.read_config(path, where)
+def load_model(path: str | os.PathLike, where: str, raw: dict | None = None) -> DFlashDraftModel:
+    """The drafter model of a checkpoint directory, by its format: z-lab DFlash, or DSpark-format DFlash. `raw`: its
+    config.json when the caller has read it already."""
+    raw = ckpt.read_config(path, where) if raw is None else raw
     if is_dspark(raw):
-        return DSparkDFlashModel.from_pretrained(path, where=where)
+        return DSparkDFlashModel.from_pretrained(path, where=where, raw=raw)
     dc = raw.get("dflash_config")
     if isinstance(dc, dict) and dc.get("projector_type") is not None:
         raise UserError(f"{where}: dflash_config.projector_type={dc['projector_type']!r}: a DFlash drafter with a "
                         "head on top (Domino: load it with drafter=domino_ft drafter.checkpoint=...), not a plain "
                         "DFlash checkpoint")
-    return DFlashDraftModel.from_pretrained(path, where=where)
+    return DFlashDraftModel.from_pretrained(path, where=where, raw=raw)
 
 
 # ----------------------------------------------------------------------------------------- the drafter
@@ -505,33 +469,6 @@ class DFlashDrafter:
         return out
 
 
-def resolve_checkpoint(path_or_id: str, revision: str | None = None, extra: tuple[str, ...] = ()) -> Path:
-    """A local directory, or a hub repo id downloaded (config + safetensors only, never code) at `revision`
-    (`drafter.revision`: a branch, tag or commit; None = the default branch). The returned snapshot directory
-    ends in the commit it holds, which training records as the backbone it started from. `extra`: more file
-    names to download, for a loader that reads them safely (EAGLE-3: `pytorch_model.bin`, weights_only)."""
-    p = Path(os.path.expanduser(path_or_id))
-    in_repo = REPO_ROOT / path_or_id                 # committed mini checkpoints, from any working directory
-    local = p if p.exists() or path_or_id.startswith((".", "/", "~")) or path_or_id.count("/") != 1 else None
-    if not p.exists() and not p.is_absolute() and in_repo.exists():
-        local = in_repo
-    if local is not None:
-        check(revision is None, f"drafter.revision={revision!r} pins a hub checkpoint, but drafter.checkpoint="
-                                f"{path_or_id!r} is a local directory; set drafter.revision=null")
-        return local
-    from huggingface_hub import snapshot_download
-
-    revision = pins.revision(path_or_id, revision)
-    try:
-        return Path(snapshot_download(path_or_id, revision=revision,
-                                      allow_patterns=["config.json", "*.safetensors", "model.safetensors.index.json",
-                                                      *extra]))
-    except Exception as e:
-        at = f" at revision {revision!r}" if revision is not None else ""
-        raise UserError(f"drafter.checkpoint={path_or_id!r}: not a local directory and not downloadable from the "
-                        f"hub{at} ({type(e).__name__}); download it and pass the directory") from None
-
-
 def check_fits(config: DFlashConfig, target, where: str) -> None:
     """A checkpoint must match the target it drafts for; each mismatch is one clear line."""
     check(config.hidden_size == target.hidden_size,
@@ -549,29 +486,22 @@ def check_fits(config: DFlashConfig, target, where: str) -> None:
           f"{where}: mask_token_id {config.mask_token_id} outside the target vocabulary (0..{target.vocab_size - 1})")
 
 
-def build(cfg, target) -> DFlashDrafter:
+def build(cfg, target, path: Path | None = None, raw: dict | None = None) -> DFlashDrafter:
     """From the `drafter` config group: `init=random` (sized to the target), `init=checkpoint`, or
-    `init=auto` (the checkpoint when one is set, else random)."""
-    init = cfg.init
-    if init == "auto":
-        init = "checkpoint" if cfg.get("checkpoint") else "random"
-        if init == "random":
-            log.LOG.info(f"no DFlash checkpoint for target {target.name}: using a random-init drafter "
-                         f"(τ ≈ 1); pass drafter.checkpoint=DIR for a trained one")
+    `init=auto` (the checkpoint when one is set, else random). `path`, `raw`: the checkpoint's directory and
+    config.json when the caller has already resolved and read them (Domino looks at it first)."""
+    init = ckpt.resolve_init(cfg.init, cfg.get("checkpoint"))
+    if init == "random" and cfg.init == "auto":
+        log.LOG.info(f"no DFlash checkpoint for target {target.name}: using a random-init drafter "
+                     f"(τ ≈ 1); pass drafter.checkpoint=DIR for a trained one")
     if init == "random":
         config = DFlashConfig.for_target(target, cfg.num_layers, cfg.block_size, cfg.get("target_layer_ids"))
         check_fits(config, target, "drafter")            # tap ids vs a target whose size the config did not tell
         model = init_weights(DFlashDraftModel(config), cfg.seed)
-    elif init == "checkpoint":
-        check(bool(cfg.get("checkpoint")), "drafter.init=checkpoint needs drafter.checkpoint=DIR (or a hub id); "
-                                           "use drafter.init=random for a random-init drafter")
-        path = resolve_checkpoint(str(cfg.checkpoint), cfg.get("revision"))
-        where = f"drafter.checkpoint={str(cfg.checkpoint)!r}"
-        model = load_model(path, where)
-        check_fits(model.config, target, where)
-        check(model.first_row == 1 or cfg.name != "dedit",
-              f"{where}: a shifted (DSpark-format) DFlash drafter; drafter=dedit needs an unshifted z-lab-format one")
     else:
-        raise UserError(f"drafter.init={cfg.init!r} is not valid; choose one of: auto, random, checkpoint")
+        path = ckpt.resolve(str(cfg.checkpoint), cfg.get("revision")) if path is None else path
+        where = f"drafter.checkpoint={str(cfg.checkpoint)!r}"
+        model = load_model(path, where, raw)
+        check_fits(model.config, target, where)
     model = model.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
     return DFlashDrafter(model, target)

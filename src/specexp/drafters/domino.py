@@ -30,8 +30,8 @@ from torch import nn
 from .. import checkpoints as ckpt
 from ..errors import UserError, check, one_of
 from . import dflash
-from .sequential import SequentialDrafter, check_fusion_options, gru_step, matvec, random_init
-from .sequential import head_init as resolve_head_init
+from .head_loop import SequentialDrafter, check_fusion_options, gru_step, matvec, random_init
+from .head_loop import head_init as resolve_head_init
 
 WEIGHTS_FILE = ckpt.WEIGHTS_FILE
 ALIGNMENTS = ("unshifted", "shifted")
@@ -112,15 +112,16 @@ def is_release(raw: dict) -> bool:
 
 def _tensor_names(path: Path, where: str) -> set[str]:
     names: set[str] = set()
-    for shard in ckpt.shards(path, where):
-        names.update(ckpt.read_tensors(path / shard, where)[0])
+    for f in ckpt.weight_files(path, where):
+        names.update(ckpt.read_tensors(path / f, where)[0])
     return names
 
 
-def load_release(path, where: str) -> tuple[dflash.DFlashDraftModel, DominoHead]:
-    """The backbone and the head of a released Domino drafter directory, each strictly matched."""
+def load_release(path, where: str, raw: dict | None = None) -> tuple[dflash.DFlashDraftModel, DominoHead]:
+    """The backbone and the head of a released Domino drafter directory, each strictly matched (`raw`: its
+    config.json when the caller has read it)."""
     path = Path(path)
-    raw = ckpt.read_config(path, where)
+    raw = ckpt.read_config(path, where) if raw is None else raw
     dc = dict(raw["dflash_config"])
     for k in ("emb_dim", "gru_hidden_dim"):
         v = dc.get(k)
@@ -203,11 +204,13 @@ def build(cfg, target) -> DominoDrafter:
     check(isinstance(h.guidance, (int, float)) and math.isfinite(h.guidance),
           f"drafter.head.guidance={h.guidance!r} is not a finite number")
     ckpt_dir = h.get("checkpoint")
+    path = raw = None
     if cfg.init != "random" and cfg.get("checkpoint") and not ckpt_dir:          # a released Domino drafter?
         where = f"drafter.checkpoint={str(cfg.checkpoint)!r}"
-        path = dflash.resolve_checkpoint(str(cfg.checkpoint), cfg.get("revision"))
-        if is_release(ckpt.read_config(path, where)):
-            model, head = load_release(path, where)
+        path = ckpt.resolve(str(cfg.checkpoint), cfg.get("revision"))
+        raw = ckpt.read_config(path, where)
+        if is_release(raw):
+            model, head = load_release(path, where, raw)
             dflash.check_fits(model.config, target, where)
             c = head.config
             check(c.alignment == h.alignment, f"{where}: a released Domino drafter trained with alignment "
@@ -216,13 +219,13 @@ def build(cfg, target) -> DominoDrafter:
             return DominoDrafter(dflash.DFlashDrafter(model, target), head, target.embed_tokens.weight, h.guidance,
                                  cfg.fusion.kernel, cfg.fusion.cuda_graph)
     head_init = resolve_head_init(cfg, target, "Domino", "task=train drafter=domino_ft")
-    backbone = dflash.build(cfg, target)
+    backbone = dflash.build(cfg, target, path, raw)          # the checkpoint looked at above, not read again
     if head_init == "random":
         c = DominoConfig(target.hidden_size, target.vocab_size, h.gru_hidden, h.emb_dim, h.alignment)
         head = random_head(c, cfg.seed, h.init_std)
     else:
         where = f"drafter.head.checkpoint={str(ckpt_dir)!r}"
-        head = load_head(dflash.resolve_checkpoint(str(ckpt_dir)), where)
+        head = load_head(ckpt.resolve(str(ckpt_dir)), where)
         c = head.config
         check(c.hidden_size == target.hidden_size and c.vocab_size == target.vocab_size,
               f"{where}: head for hidden {c.hidden_size} / vocab {c.vocab_size} does not fit target {target.name}")

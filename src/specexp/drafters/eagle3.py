@@ -58,7 +58,7 @@ from .. import checkpoints as ckpt
 from .. import log
 from ..errors import UserError, check
 from .base import Proposal, Sampling, choose
-from .dflash import MLP, RMSNorm, init_weights, resolve_checkpoint, rotate  # MLP: the same gated SiLU layer
+from .layers import MLP, RMSNorm, init_weights, rotate  # MLP: the same gated SiLU layer
 
 ARCH = "LlamaForCausalLMEagle3"
 
@@ -314,15 +314,15 @@ def read_state(path: Path, config: Eagle3Config, where: str) -> dict[str, torch.
               f"{where}: {pickles[0] if pickles else ''} is a PyTorch file under a name EAGLE-3 checkpoints do not "
               f"use; {ckpt.WEIGHTS_FILE} (safetensors) or {ckpt.TORCH_WEIGHTS_FILE} (read with weights_only=True) "
               "are loaded")
-        files = ckpt.shards(path, where)
+        files = ckpt.weight_files(path, where)
     state, origin = {}, {}
-    for shard in files:
-        raw = (ckpt.read_torch_state(path / shard, where) if shard == ckpt.TORCH_WEIGHTS_FILE
-               else ckpt.read_tensors(path / shard, where)[0])
+    for fname in files:
+        raw = (ckpt.read_torch_state(path / fname, where) if fname == ckpt.TORCH_WEIGHTS_FILE
+               else ckpt.read_tensors(path / fname, where)[0])
         for k, t in raw.items():
             name = _canonical(k)
-            check(name not in state, f"{where}: {shard}: tensor {k} duplicates {origin.get(name, ('', name))[1]}")
-            state[name], origin[name] = t, (shard, k)
+            check(name not in state, f"{where}: {fname}: tensor {k} duplicates {origin.get(name, ('', name))[1]}")
+            state[name], origin[name] = t, (fname, k)
     state.pop("t2d", None)                             # training-only, derivable from d2t
     with torch.device("meta"):
         expected = Eagle3DraftModel(config, own_embedding="embed_tokens.weight" in state).state_dict()
@@ -335,14 +335,14 @@ def read_state(path: Path, config: Eagle3Config, where: str) -> dict[str, torch.
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if unexpected:                                 # first: a foreign name explains the missing one it replaces
-        shard, k = origin[unexpected[0]]
-        raise UserError(f"{where}: {shard}: unexpected tensor {k} (an EAGLE-3 drafter has fc, midlayer.* or "
+        fname, k = origin[unexpected[0]]
+        raise UserError(f"{where}: {fname}: unexpected tensor {k} (an EAGLE-3 drafter has fc, midlayer.* or "
                         "layers.0.*, norm, lm_head, d2t, t2d and optionally embed_tokens, fc_norm.*)")
     check(not missing, f"{where}: {files_txt}: missing tensor {missing[0] if missing else ''}"
                        f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}")
     for name, t in state.items():
-        shard, k = origin.get(name, (files_txt, name))
-        check(t.shape == expected[name].shape, f"{where}: {shard}: {k} has shape {list(t.shape)}, expected "
+        fname, k = origin.get(name, (files_txt, name))
+        check(t.shape == expected[name].shape, f"{where}: {fname}: {k} has shape {list(t.shape)}, expected "
                                                f"{list(expected[name].shape)} from config.json")
     d2t = state["d2t"]
     check(not d2t.is_floating_point() and d2t.dtype != torch.bool,
@@ -513,20 +513,18 @@ class Eagle3Drafter:
 
 
 def resolve_eagle3(path_or_id: str, revision: str | None = None) -> Path:
-    """`resolve_checkpoint` for an EAGLE-3 checkpoint: a hub download also fetches EAGLE's `pytorch_model.bin`
+    """`checkpoints.resolve` for an EAGLE-3 checkpoint: a hub download also fetches EAGLE's `pytorch_model.bin`
     (its releases ship no safetensors), which `read_state` reads with weights_only=True."""
-    return resolve_checkpoint(path_or_id, revision, extra=(ckpt.TORCH_WEIGHTS_FILE,))
+    return ckpt.resolve(path_or_id, revision, extra=(ckpt.TORCH_WEIGHTS_FILE,))
 
 
 def build(cfg, target) -> Eagle3Drafter:
     """From the `drafter` config group: `init=random` (sized to the target), `init=checkpoint`, or `init=auto`
     (the checkpoint when one is set, else random)."""
-    init = cfg.init
-    if init == "auto":
-        init = "checkpoint" if cfg.get("checkpoint") else "random"
-        if init == "random":
-            log.LOG.info(f"no EAGLE-3 checkpoint for target {target.name}: using a random-init drafter (τ ≈ 1); "
-                         "pass drafter.checkpoint=DIR for a trained one")
+    init = ckpt.resolve_init(cfg.init, cfg.get("checkpoint"))
+    if init == "random" and cfg.init == "auto":
+        log.LOG.info(f"no EAGLE-3 checkpoint for target {target.name}: using a random-init drafter (τ ≈ 1); "
+                     "pass drafter.checkpoint=DIR for a trained one")
     taps = cfg.get("tap_layers")
     if init == "random":
         model = Eagle3DraftModel(Eagle3Config.for_target(target, cfg.get("draft_vocab_size"), taps))
@@ -536,13 +534,9 @@ def build(cfg, target) -> Eagle3Drafter:
             used = torch.randperm(target.vocab_size, generator=g)[: model.config.draft_vocab_size].sort().values
             model.d2t.copy_(used - torch.arange(len(used)))
         where = "drafter"
-    elif init == "checkpoint":
-        check(bool(cfg.get("checkpoint")), "drafter.init=checkpoint needs drafter.checkpoint=DIR (or a hub id); "
-                                           "use drafter.init=random for a random-init drafter")
+    else:
         where = f"drafter.checkpoint={str(cfg.checkpoint)!r}"
         model = Eagle3DraftModel.from_pretrained(resolve_eagle3(str(cfg.checkpoint), cfg.get("revision")), where)
-    else:
-        raise UserError(f"drafter.init={cfg.init!r} is not valid; choose one of: auto, random, checkpoint")
     taps = list(taps or model.config.tap_layers or default_tap_layers(target.num_layers))
     check_fits(model, target, taps, where)
     model = model.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)   # d2t stays int64

@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 
 from .. import log
 from ..errors import check
-from ..tracking import make_logger, write_json, write_text_atomic
+from ..files import write_json, write_text_atomic
+from ..tracking import make_logger
 from . import metrics
 from .store import claimed_for, read_json, run_records
 

@@ -3,7 +3,7 @@
 
 Greedy replay of a sequential drafter (DeLS-Spec's local heads) at weights (alpha, beta) needs, at every anchor
 of a reference, how many leading drafts equal it. While they do, the head's loop state is the state after the
-reference's own tokens, whatever the weights (drafters/sequential.py, `matches_all`), so one teacher-forced
+reference's own tokens, whatever the weights (drafters/head_loop.py, `matches_all`), so one teacher-forced
 pass of backbone and head per turn serves every cell: only the fusion `long + alpha W z - beta log_prior` and its
 argmax run per cell. Each cell's rounds are then walked exactly as task=replay walks them (`replay_turn`).
 
@@ -27,9 +27,10 @@ from .. import benchmarks, log, registry
 from ..decoding.engine import drafts_per_round
 from ..drafters.dels import DeLSDrafter
 from ..errors import check
+from ..files import write_json, write_text_atomic
+from ..machine import resolve_device
 from ..report.tables import summary_markdown
-from ..targets import resolve_device
-from ..tracking import make_logger, run_info, write_json, write_text_atomic
+from ..tracking import make_logger, run_info
 from . import shards
 from .references import turns_with_prompts
 from .replay import (
@@ -43,6 +44,7 @@ from .replay import (
     tap_file,
 )
 from .store import ResultStore
+from .summary import decode_config, summarize
 
 
 def cell_name(alpha: float, beta: float) -> str:
@@ -83,8 +85,6 @@ def grid_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc, near_tie
 
 def run_grid(cfg, out_dir: Path) -> dict:
     """Every cell of `replay.fusion_grid` (module docstring); returns {cell name: summary}."""
-    from .evaluator import decode_config, summarize
-
     out_dir, rp, ev = Path(out_dir), replay_settings(cfg), cfg.eval
     cells = grid_cells(rp.fusion_grid)
     device = resolve_device(cfg.device)

@@ -13,7 +13,7 @@ Written into OUT (atomically, the evaluator's files): run.json = the unsharded r
 the samples of the whole selection in its order), so OUT is the unsharded run's directory and the unsharded
 command resumes there with nothing left to run; samples.jsonl = every shard's records in the unsharded order
 (benchmark, then the selection's order, then turn), which the bootstrap CIs depend on; summary.json from those
-records by the evaluator's own summary code (`evaluator.summarize_records`): τ, CIs, histograms, acceptance and
+records by the evaluator's own summary code (`summary.summarize_records`): τ, CIs, histograms, acceptance and
 lossless mismatches equal the unsharded run's on the same records; speedup, TPOT and TTFT use the same formulas
 over all turns (each turn's AR and drafter timings come from one process, on its shard's machine); summary.md;
 config.yaml (the first shard's, eval.shard null); run_info.json (the merging process's, plus every shard's).
@@ -29,11 +29,12 @@ from omegaconf import OmegaConf
 
 from .. import log, registry
 from ..errors import UserError, check
+from ..files import write_json, write_text_atomic
 from ..report.tables import summary_markdown
-from ..tracking import make_logger, record_command, run_info, write_json, write_text_atomic
-from .evaluator import SUMMARY_HEADER, summarize_records
+from ..tracking import make_logger, record_command, run_info
 from .shards import Shard, part
 from .store import FORMAT, LOCK, RUN, SAMPLES, SUMMARY, lock, read_records, read_text, settings_diff
+from .summary import SUMMARY_HEADER, summarize_records
 
 CONFIG, RUN_INFO = "config.yaml", "run_info.json"
 

@@ -78,9 +78,8 @@ class ReferenceStore:
         self.file = self.dir / "references.jsonl"
         manifest = self.dir / "manifest.json"
         if not manifest.exists():
-            tmp = manifest.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"fingerprint": fingerprint, "hash": self.hash}, indent=1) + "\n")
-            os.replace(tmp, manifest)
+            files.write_text_atomic(manifest, json.dumps({"fingerprint": fingerprint, "hash": self.hash}, indent=1)
+                                    + "\n")
         self.refs: dict[str, dict] = {}
         if self.file.exists():
             lines = self.file.read_text().splitlines()
@@ -94,9 +93,7 @@ class ReferenceStore:
                 self.refs[r["key"]] = r
 
     def _rewrite(self) -> None:
-        tmp = self.file.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.refs.values()))
-        os.replace(tmp, self.file)
+        files.write_text_atomic(self.file, "".join(json.dumps(r) + "\n" for r in self.refs.values()))
 
     def get(self, sample) -> dict | None:
         return self.refs.get(sample_key(sample))
@@ -122,7 +119,9 @@ class ReferenceStore:
                 json.dump(payload, f, separators=(",", ":"))
 
         # the caller has checked the name (files.check_new_file: no directory, no file replaced unasked)
-        files.write_new_file(Path(os.path.expanduser(str(path))), write)
+        path = Path(os.path.expanduser(str(path)))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        files.replace_atomic(path, write)
         return len(refs)
 
     def import_file(self, path: str | os.PathLike) -> int:

@@ -41,12 +41,15 @@ from .. import benchmarks, files, log, registry
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round
 from ..decoding.tree import follow
 from ..errors import check
+from ..files import write_json, write_text_atomic
+from ..machine import resolve_device
 from ..report.tables import summary_markdown
-from ..targets import resolve_device, target_settings
-from ..tracking import make_logger, run_info, write_json, write_text_atomic
+from ..targets import target_settings
+from ..tracking import make_logger, run_info
 from . import metrics, shards
 from .references import ReferenceStore, compute_reference, set_fingerprint, turns_with_prompts
 from .store import ResultStore
+from .summary import capped, decode_config, summarize
 
 _log = log.get(__name__)
 
@@ -100,9 +103,8 @@ def cached_teacher_forced(target, prompt, ref, taps, path: Path | None) -> dict:
     _log.debug(f"taps {list(taps)} of {len(ref)} reference tokens computed (one teacher-forced pass)")
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        save_file({k: v.contiguous().cpu() for k, v in tf.items() if v is not None}, tmp)
-        os.replace(tmp, path)
+        tensors = {k: v.contiguous().cpu() for k, v in tf.items() if v is not None}
+        files.replace_atomic(path, lambda tmp: save_file(tensors, tmp))
     return tf
 
 
@@ -248,8 +250,6 @@ def build_references(cfg, target, samples, dc: DecodeConfig) -> ReferenceStore:
 
 def run_settings(cfg, refs: ReferenceStore) -> dict:
     """Every setting that changes a replay's results (run.json, eval/store.py)."""
-    from .evaluator import capped
-
     rp, ev = cfg.replay, cfg.eval
     return {
         "mode": "replay", "references": refs.hash,
@@ -277,8 +277,6 @@ def run_replay(cfg, out_dir) -> dict:
     """`task=replay`: replay `cfg.drafter` on the target's references of `cfg.benchmark`; returns the summary.
     Everything is validated and the references exist before the run directory is claimed (eval/store.py).
     A config with `replay.fusion_grid` set is `eval/fusion_grid.run_grid`'s (the task dispatches it there)."""
-    from .evaluator import decode_config, summarize
-
     out_dir = Path(out_dir)
     rp = replay_settings(cfg)
     check(not grid_requested(cfg), "replay.fusion_grid is set: run it through task=replay (eval/fusion_grid.py "

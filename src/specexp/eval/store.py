@@ -36,7 +36,8 @@ from pathlib import Path
 
 from .. import files
 from ..errors import UserError, check
-from ..tracking import record_command, write_json, write_text_atomic
+from ..files import write_json, write_text_atomic
+from ..tracking import record_command
 
 FORMAT = 2                   # run.json layout; format 1 (a flat fingerprint, no samples) is refused as different
 LOCK, RUN, SAMPLES, SUMMARY = ".lock", "run.json", "samples.jsonl", "summary.json"

@@ -34,7 +34,7 @@ import yaml
 from .. import log
 from ..errors import check
 from ..eval.store import claimed_for, read_json
-from ..tracking import write_text_atomic
+from ..files import write_text_atomic
 from . import plots
 
 

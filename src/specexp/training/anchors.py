@@ -10,28 +10,15 @@ its own block (bidirectional), nothing of other blocks.
 """
 from __future__ import annotations
 
-import math
-import zlib
 from dataclasses import dataclass
 
 import torch
-
-from .distributed import rank_and_world
 
 GAMMA_BY_BLOCK = {16: 7.0, 10: 5.0, 8: 4.0}   # the paper's loss-decay constants
 
 
 def default_gamma(block_size: int) -> float:
     return GAMMA_BY_BLOCK.get(block_size, 7.0 * block_size / 16)
-
-
-def step_generator(seed: int, step: int) -> torch.Generator:
-    """The generator of one training step's draws (anchors, DEdit's mix): a function of (seed, step), which
-    Lightning restores, so a resumed run draws what the uninterrupted one drew; and of the rank under DDP / FSDP,
-    so ranks draw independently of each other (rank 0, and a single process, as ever)."""
-    rank = rank_and_world()[0]
-    key = f"{seed}/{step}" if rank == 0 else f"{seed}/{step}/rank{rank}"
-    return torch.Generator().manual_seed(zlib.crc32(key.encode()))
 
 
 def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator) -> torch.Tensor:
@@ -97,20 +84,3 @@ def leading_correct(correct: torch.Tensor, valid: torch.Tensor, block_size: int)
     """Simulated acceptance length per block: 1 + leading run of correct drafts (positions 1..B-1)."""
     c = (correct & valid).view(-1, block_size)[:, 1:]
     return 1 + c.to(torch.int32).cumprod(1).sum(1)
-
-
-def cosine_with_warmup(step: int, total: int, warmup_ratio: float) -> float:
-    """LR multiplier: linear warm-up over warmup_ratio * total steps, then cosine to 0."""
-    warm = max(1, int(round(warmup_ratio * total)))
-    if step < warm:
-        return (step + 1) / warm
-    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
-
-
-def adamw_cosine(params, trainer, lr: float, weight_decay: float, warmup_ratio: float) -> dict:
-    """The recipe's optimizer for every trainable part: AdamW (0.9, 0.999, eps 1e-8), linear warm-up then
-    cosine to 0, stepped per optimizer step; Lightning's `configure_optimizers` return value."""
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=weight_decay)
-    total = max(1, int(trainer.estimated_stepping_batches))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_with_warmup(s, total, warmup_ratio))
-    return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -22,8 +22,9 @@ from tqdm.auto import tqdm
 
 from .. import files, log, pins
 from ..errors import UserError, check, differing_keys
+from ..paths import DATA_DIR, repo_path
 
-CORPUS_DIR = Path(__file__).resolve().parents[3] / "data" / "corpus"
+CORPUS_DIR = DATA_DIR / "corpus"
 CORPORA = {"gsm8k_train": "gsm8k_train.jsonl", "mbpp_nontest": "mbpp_nontest.jsonl",
            "sharegpt": "sharegpt_v3_sample.jsonl", "sharegpt_more": "sharegpt_v3_more.jsonl"}
 # Committed data files may be stored compressed beside their names (`x.jsonl.gz`, `tokens.npy.xz`; files.stored):
@@ -32,12 +33,6 @@ stored_file = files.stored
 
 
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
-
-
-def repo_path(p: str | Path) -> Path:
-    """A path as given when it exists (or is absolute), else relative to the repository (committed data)."""
-    path = Path(p).expanduser()
-    return path if path.exists() or path.is_absolute() else CORPUS_DIR.parents[1] / path
 
 
 def digest(obj) -> str:
@@ -376,9 +371,7 @@ class FeatureCache:
                 bar.update(len(seqs[i].ids))
             tensors = {"taps": torch.cat(taps), "ids": torch.cat([seqs[i].ids for i in members]),
                        "loss_mask": torch.cat([seqs[i].loss_mask for i in members])}
-            tmp = path.with_name(path.name + ".tmp")
-            save_file(tensors, tmp)
-            os.replace(tmp, path)
+            files.replace_atomic(path, lambda tmp: save_file(tensors, tmp))
         bar.close()
         (self.root / "index.json").write_text(json.dumps(index))
 

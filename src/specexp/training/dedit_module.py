@@ -20,9 +20,10 @@ import torch
 
 from ..drafters.dedit import EDITORS
 from ..errors import check, one_of
-from .anchors import build_blocks, dense_mask, flex_mask, leading_correct, sample_anchors, step_generator
+from .anchors import build_blocks, dense_mask, flex_mask, leading_correct, sample_anchors
 from .dflash_module import DFlashLitModule, backbone_plan
 from .losses import chunked_ce
+from .optim import step_generator
 
 MIXES = ("confidence_threshold", "confidence_sample", "plain")
 

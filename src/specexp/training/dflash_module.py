@@ -1,7 +1,7 @@
 """Lightning module that trains a DFlash drafter on anchored blocks (training/anchors.py).
 
-The target's embedding and lm_head are shared and frozen; they are held outside the module's state (not
-saved in Lightning checkpoints, not given to the optimizer, not wrapped by DDP / FSDP: training/distributed.py).
+The target's embedding and lm_head are shared and frozen; they are held outside the module's state (training/base.py:
+not saved in Lightning checkpoints, not given to the optimizer, not wrapped by DDP / FSDP).
 Target taps come from the batch (feature cache) or from the frozen target inside the step (online).
 Recipe (paper + SpecForge): AdamW (wd 0), lr 6e-4, linear warm-up over 4 % of the steps then cosine to 0,
 gradient clipping 1.0 (Trainer), loss = sum(w * CE) / (sum(w) + 1e-6).
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import lightning as L
 import torch
 from omegaconf import OmegaConf
 
@@ -21,37 +20,31 @@ from ..drafters.dflash import (
     DFlashDraftModel,
     build_target_layer_ids,
     check_fits,
-    init_weights,
-    resolve_checkpoint,
 )
+from ..drafters.layers import init_weights
 from .anchors import (
-    adamw_cosine,
     build_blocks,
     default_gamma,
     dense_mask,
     flex_mask,
     leading_correct,
     sample_anchors,
-    step_generator,
 )
+from .base import LitModule
 from .data import step_taps
-from .distributed import no_loss
 from .losses import chunked_ce
+from .optim import step_generator
 from .pipeline import TrainPlan
 
 
-class DFlashLitModule(L.LightningModule):
+class DFlashLitModule(LitModule):
+    shown = ("tau_sim",)
+
     def __init__(self, model: DFlashDraftModel, target, *, num_anchors: int, gamma: float, lr: float,
                  warmup_ratio: float, weight_decay: float, attention: str, seed: int):
-        super().__init__()
+        super().__init__(target, lr=lr, warmup_ratio=warmup_ratio, weight_decay=weight_decay)
         self.model = model
-        self._target = (target,)          # a tuple: the frozen target is not a submodule
-        self.num_anchors, self.gamma, self.lr = num_anchors, gamma, lr
-        self.warmup_ratio, self.weight_decay, self.attention, self.seed = warmup_ratio, weight_decay, attention, seed
-
-    @property
-    def target(self):
-        return self._target[0]
+        self.num_anchors, self.gamma, self.attention, self.seed = num_anchors, gamma, attention, seed
 
     def blocks_loss(self, ids, loss_mask, taps, step: int):
         """Loss and metrics for one sequence: ids/loss_mask `[S]`, taps `[S, n*H]`."""
@@ -82,19 +75,10 @@ class DFlashLitModule(L.LightningModule):
             tau = leading_correct(correct, sel, c.block_size).float().mean()
         return loss, {"tau_sim": tau, "blocks": float(anchors.numel()), **acc}
 
-    def training_step(self, batch, batch_idx):
+    def step_loss(self, batch):
         ids, lm = batch["ids"].to(self.device), batch["loss_mask"].to(self.device)
         taps = step_taps(batch, self.target, self.model.config.target_layer_ids, self.device)
-        loss, m = self.blocks_loss(ids, lm, taps, self.global_step)
-        if loss is None:
-            return no_loss(self)
-        self.log("train/loss", loss, prog_bar=True, batch_size=1)
-        self.log("train/tau_sim", m.pop("tau_sim"), prog_bar=True, batch_size=1)
-        self.log_dict({f"train/{k}": v for k, v in m.items()}, batch_size=1)
-        return loss
-
-    def configure_optimizers(self):
-        return adamw_cosine(self.model.parameters(), self.trainer, self.lr, self.weight_decay, self.warmup_ratio)
+        return self.blocks_loss(ids, lm, taps, self.global_step)
 
 
 # ------------------------------------------------------------------------------------------------ the plan
@@ -116,9 +100,9 @@ def train_recipe(train) -> dict:
 
 def drafter_config(drafter, target) -> tuple[DFlashConfig, Path | None]:
     """The DFlash architecture to train: a checkpoint's (fine-tuning it) or a new one sized to the target."""
-    if drafter.init == "checkpoint" or (drafter.init == "auto" and drafter.get("checkpoint")):
+    if ckpt.resolve_init(drafter.init, drafter.get("checkpoint")) == "checkpoint":
         where = f"drafter.checkpoint={str(drafter.checkpoint)!r}"
-        path = resolve_checkpoint(str(drafter.checkpoint), drafter.get("revision"))
+        path = ckpt.resolve(str(drafter.checkpoint), drafter.get("revision"))
         config = DFlashConfig.from_dict(ckpt.read_config(path, where))    # the weights load when training runs
         check_fits(config, target, where)
         return config, path

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UserError, check
-from ..targets import resolve_device
+from ..machine import resolve_device
 
 
 def rank_and_world() -> tuple[int, int]:

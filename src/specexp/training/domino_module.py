@@ -14,17 +14,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import lightning as L
 import torch
 from omegaconf import OmegaConf
 
+from .. import checkpoints as ckpt
 from ..drafters import domino
-from ..drafters.dflash import DFlashDraftModel, resolve_checkpoint
+from ..drafters.dflash import DFlashDraftModel
 from ..errors import check
-from .anchors import adamw_cosine, dense_mask, flex_mask, sample_anchors, step_generator
+from .anchors import dense_mask, flex_mask, sample_anchors
+from .base import LitModule
 from .data import step_taps
-from .distributed import no_loss
 from .losses import chunked_ce
+from .optim import step_generator
 from .pipeline import TrainPlan
 
 
@@ -34,21 +35,21 @@ def lambda_at(step: int, total: int, start: float, decay_ratio: float) -> float:
     return min(1.0, max(0.0, start * (1 - step / (decay_ratio * max(total, 1)))))
 
 
-class DominoLitModule(L.LightningModule):
+class DominoLitModule(LitModule):
     def __init__(self, head, backbone, target, *, num_anchors: int, gamma: float, lambda_start: float,
                  lambda_decay_ratio: float, lr: float, warmup_ratio: float, weight_decay: float, attention: str,
                  seed: int):
-        super().__init__()
+        super().__init__(target, lr=lr, warmup_ratio=warmup_ratio, weight_decay=weight_decay)
         self.head = head
-        self._frozen = (backbone.requires_grad_(False).eval(), target)
-        self.num_anchors, self.gamma, self.lr, self.warmup_ratio = num_anchors, gamma, lr, warmup_ratio
+        self._backbone = (backbone.requires_grad_(False).eval(),)     # frozen, like the target: not a submodule
+        self.num_anchors, self.gamma = num_anchors, gamma
         self.lambda_start, self.lambda_decay_ratio = lambda_start, lambda_decay_ratio
-        self.weight_decay, self.attention, self.seed = weight_decay, attention, seed
+        self.attention, self.seed = attention, seed
 
     def rows(self, ids, loss_mask, taps, step: int):
         """Per block: backbone hidden `[n, B, H]`, GRU states `[n, B, G]`, labels and weights `[n, B]`, and the
         bool `[n, B]` of corrected rows."""
-        backbone, t = self._frozen
+        backbone, t = self._backbone[0], self.target
         c, dev, s = backbone.config, ids.device, ids.numel()
         b, shifted = c.block_size, self.head.config.alignment == "shifted"
         g = step_generator(self.seed, step)
@@ -85,7 +86,7 @@ class DominoLitModule(L.LightningModule):
         if out is None:
             return None, {}
         hidden, states, labels, w, corrected = out
-        t = self._frozen[1]
+        t = self.target
         sel = w > 0
         if not sel.any():
             return None, {}
@@ -106,20 +107,11 @@ class DominoLitModule(L.LightningModule):
         return loss, {"ce_final": ce_final.detach(), "ce_base": ce_base.detach(), "lambda": lam,
                       "acc_final": acc_final, "acc_base": acc_base}
 
-    def training_step(self, batch, batch_idx):
-        backbone, t = self._frozen
+    def step_loss(self, batch):
         ids, lm = batch["ids"].to(self.device), batch["loss_mask"].to(self.device)
-        taps = step_taps(batch, t, backbone.config.target_layer_ids, self.device)
+        taps = step_taps(batch, self.target, self._backbone[0].config.target_layer_ids, self.device)
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        loss, m = self.domino_loss(ids, lm, taps, self.global_step, total)
-        if loss is None:
-            return no_loss(self)
-        self.log("train/loss", loss, prog_bar=True, batch_size=1)
-        self.log_dict({f"train/{k}": v for k, v in m.items()}, batch_size=1)
-        return loss
-
-    def configure_optimizers(self):
-        return adamw_cosine(self.head.parameters(), self.trainer, self.lr, self.weight_decay, self.warmup_ratio)
+        return self.domino_loss(ids, lm, taps, self.global_step, total)
 
 
 def plan(ctx) -> TrainPlan:
@@ -129,7 +121,7 @@ def plan(ctx) -> TrainPlan:
     ht = d.head.train
     check(bool(d.get("checkpoint")), "task=train drafter=domino_ft trains on a frozen DFlash drafter: set "
                                      "drafter.checkpoint=DIR (a DFlash-format checkpoint)")
-    bpath = resolve_checkpoint(str(d.checkpoint), d.get("revision"))
+    bpath = ckpt.resolve(str(d.checkpoint), d.get("revision"))
     backbone = DFlashDraftModel.from_pretrained(bpath, dtype=target.dtype, device=target.device)
     c = domino.DominoConfig(target.hidden_size, target.vocab_size, d.head.gru_hidden, d.head.emb_dim, d.head.alignment)
     recipe = {**OmegaConf.to_container(ht, resolve=True),

@@ -76,10 +76,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import lightning as L
 import torch
 
-from ..drafters.dflash import init_weights, rotate
+from .. import checkpoints as ckpt
 from ..drafters.eagle3 import (
     Eagle3Config,
     Eagle3DraftModel,
@@ -88,11 +87,11 @@ from ..drafters.eagle3 import (
     default_tap_layers,
     resolve_eagle3,
 )
+from ..drafters.layers import init_weights, rotate
 from ..errors import check
-from .anchors import adamw_cosine
+from .base import LitModule
 from .data import step_taps
 from .dflash_module import train_recipe
-from .distributed import no_loss
 from .losses import CHUNK_ROWS, chunked_ce
 from .pipeline import TrainPlan
 
@@ -217,24 +216,21 @@ def ttt_labels(ids: torch.Tensor, loss_mask: torch.Tensor, j: int):
 
 
 # ------------------------------------------------------------------------------------------ the module
-class Eagle3LitModule(L.LightningModule):
+class Eagle3LitModule(LitModule):
+    shown = ("tau_sim",)
+
     def __init__(self, model: Eagle3DraftModel, target, *, ttt_length: int, ttt_decay: float, lr: float,
                  warmup_ratio: float, weight_decay: float, tap_layers, labels: str = "hard"):
-        super().__init__()
         check(labels in LABELS, f"drafter.labels={labels!r} is not valid; choose hard or soft")
+        super().__init__(target, lr=lr, warmup_ratio=warmup_ratio, weight_decay=weight_decay)
         self.model = model
-        self._target = (target,)          # a tuple: the frozen target is not a submodule
-        self.ttt_length, self.ttt_decay, self.lr, self.labels = ttt_length, ttt_decay, lr, labels
-        self.warmup_ratio, self.weight_decay, self.tap_layers = warmup_ratio, weight_decay, list(tap_layers)
+        self.ttt_length, self.ttt_decay, self.labels = ttt_length, ttt_decay, labels
+        self.tap_layers = list(tap_layers)
         self.register_buffer("t2d", t2d_index(model.d2t, model.config.vocab_size), persistent=False)
         used = torch.arange(len(model.d2t), device=model.d2t.device) + model.d2t
         self.register_buffer("used", used, persistent=False)              # [Vd] target ids in draft-id order
         if model.embed_tokens is not None:
             model.embed_tokens.requires_grad_(False)
-
-    @property
-    def target(self):
-        return self._target[0]
 
     @property
     def embed(self):
@@ -280,7 +276,7 @@ class Eagle3LitModule(L.LightningModule):
             metrics["tau_sim"] = 1 + run[start].float().mean()
         return loss, metrics
 
-    def training_step(self, batch, batch_idx):
+    def step_loss(self, batch):
         ids, lm = batch["ids"].to(self.device), batch["loss_mask"].to(self.device)
         feats = step_taps(batch, self.target, self.feature_layers, self.device)             # [S, (3 or 4)*Ht]
         width = 3 * self.model.config.target_hidden_size
@@ -288,17 +284,7 @@ class Eagle3LitModule(L.LightningModule):
         if self.labels == "soft":                     # the last tap, post-norm: the target's lm_head gives its logits
             head = self.target.lm_head
             soft = teacher(lambda x: head(x.to(head.weight.dtype)), feats[:, width:], lm, self.used, self.t2d)
-        loss, m = self.ttt_loss(ids, lm, taps, soft)
-        if loss is None:
-            return no_loss(self)
-        self.log("train/loss", loss, prog_bar=True, batch_size=1)
-        self.log("train/tau_sim", m.pop("tau_sim"), prog_bar=True, batch_size=1)
-        self.log_dict({f"train/{k}": v for k, v in m.items()}, batch_size=1)
-        return loss
-
-    def configure_optimizers(self):
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        return adamw_cosine(params, self.trainer, self.lr, self.weight_decay, self.warmup_ratio)
+        return self.ttt_loss(ids, lm, taps, soft)
 
 
 # ------------------------------------------------------------------------------------------------ the plan
@@ -343,7 +329,7 @@ def plan(ctx):
     tc, target, dc = ctx.train, ctx.target, ctx.drafter
     ttt = ttt_recipe(dc)
     init_path = None
-    if dc.init == "checkpoint" or (dc.init == "auto" and dc.get("checkpoint")):
+    if ckpt.resolve_init(dc.init, dc.get("checkpoint")) == "checkpoint":
         where = f"drafter.checkpoint={str(dc.checkpoint)!r}"
         init_path = resolve_eagle3(str(dc.checkpoint), dc.get("revision"))
         loaded = Eagle3DraftModel.from_pretrained(init_path, where)
@@ -352,8 +338,6 @@ def plan(ctx):
                                        "checkpoint's weights would be overwritten; set one of them")
         used = None
     else:
-        check(dc.init in ("auto", "random"),
-              f"drafter.init={dc.init!r} is not valid; choose auto, random or checkpoint")
         where = "drafter"
         used = draft_vocab(ctx.seqs, target.vocab_size, dc.get("draft_vocab_size"))
         config = Eagle3Config.for_target(target, len(used), dc.get("tap_layers"))

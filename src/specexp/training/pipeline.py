@@ -35,11 +35,12 @@ import torch
 from omegaconf import OmegaConf
 
 from .. import log, registry
-from ..checkpoints import replace_atomic
 from ..errors import check
 from ..eval.store import claimed_for
-from ..targets import cache_root, resolve_device, target_settings
-from ..tracking import write_json, write_text_atomic
+from ..files import replace_atomic, write_json, write_text_atomic
+from ..machine import resolve_device
+from ..paths import cache_root
+from ..targets import target_settings
 from . import data as D
 from .distributed import Placement, device_check, make_strategy, placement, whole_module
 
@@ -329,60 +330,107 @@ def run_train(cfg, out_dir) -> dict:
 
 
 def _train(cfg, out_dir: Path, where: Placement) -> dict:
+    """The sequence of the module docstring: sequences -> plan -> train or reuse the stage -> export -> card."""
     plan_fn = registry.trainer(cfg.drafter.name)
     lean = registry.train_tokens_only(cfg.drafter)   # the DeLS heads: the vocabulary matrices, no decoder layer
     ctx = context(cfg, where.device, lean)           # this rank's target on this rank's device
-    tc, device, subset, whole = ctx.train, ctx.target.device, {}, {}
-    if tc.get("data_tokens") is not None:            # one point of a data-scaling curve: a nested random subset, before
-        idx = D.token_subset(ctx.seqs, int(tc.data_tokens), tc.seed)     # the plan (features of the subset alone)
-        subset = {"data_tokens": int(tc.data_tokens)}
-        whole = {"data_sequences": len(ctx.seqs), "data_response_tokens": ctx.response_tokens}
-        ctx = replace(ctx, seqs=[ctx.seqs[i] for i in idx], subset={**subset, "seed": int(tc.seed)})
+    ctx, subset, whole = data_subset(ctx)
     plan: TrainPlan = plan_fn(ctx)
-    dataset, seqs = plan.dataset, ctx.seqs
     run_dir = stage_dir(ctx.stages, plan.kind, {**plan.payload, "data": ctx.data_hash, **subset})
     run_dir.mkdir(parents=True, exist_ok=True)
-    artifact = run_dir / "artifact"
-    trainer = None                                    # set when this call trains (a reused stage logs nothing)
+    trained = train_or_reuse(cfg, ctx, plan, run_dir, out_dir, where)
+    if trained.rank != 0:                             # ranks started together (torchrun, srun): rank 0 writes
+        return {"rank": trained.rank, "steps": trained.result["steps"]}
+    final = export(run_dir / "artifact", ctx.train.export_dir)
+    card = make_card(ctx, plan, trained.result, run_dir, final, whole, lean)
+    if ctx.train.eval_after and plan.eval_overrides is not None:
+        card["eval"] = evaluate(cfg, plan, final, out_dir)
+    write_card(card, plan, final, out_dir)
+    if trained.trainer is not None:
+        _wandb_finish(trained.trainer, card, final)
+    result = trained.result
+    log.LOG.info(f"trained {plan.kind}: {final} ({result['steps']} steps, {result['train_seconds']:.0f} s, "
+                 f"peak {result['peak_memory_mb']:.0f} MiB)")
+    return card
+
+
+def data_subset(ctx: TrainContext) -> tuple[TrainContext, dict, dict]:
+    """`train.data_tokens`: one point of a data-scaling curve, a nested random subset of the sequences taken before
+    the plan (so features are computed for the subset alone). Returns the context to train on, what the subset adds
+    to the stage's name, and the whole data's size for the card (both empty without a budget)."""
+    tc = ctx.train
+    if tc.get("data_tokens") is None:
+        return ctx, {}, {}
+    idx = D.token_subset(ctx.seqs, int(tc.data_tokens), tc.seed)
+    subset = {"data_tokens": int(tc.data_tokens)}
+    whole = {"data_sequences": len(ctx.seqs), "data_response_tokens": ctx.response_tokens}
+    return replace(ctx, seqs=[ctx.seqs[i] for i in idx], subset={**subset, "seed": int(tc.seed)}), subset, whole
+
+
+@dataclass
+class Trained:
+    result: dict                  # train.json: steps, seconds, peak memory, precision, final metrics, parameters
+    trainer: object | None        # the Lightning trainer when this call trained (None: the stage was reused)
+    rank: int = 0                 # not 0: a rank other than the one that writes (it stops here)
+
+
+def train_or_reuse(cfg, ctx: TrainContext, plan: TrainPlan, run_dir: Path, out_dir: Path,
+                   where: Placement) -> Trained:
+    """The stage's trained artifact (`run_dir/artifact`, with `train.json`): reused when the stage finished before
+    (a reused stage logs nothing), else trained, resuming from the stage's last Lightning checkpoint. Global rank 0
+    alone saves the whole trained module (gathered under FSDP); the artifact appears whole or not at all."""
+    tc, device, artifact = ctx.train, ctx.target.device, run_dir / "artifact"
     if (run_dir / "train.json").exists() and artifact.is_dir():
         result = json.loads((run_dir / "train.json").read_text())
-        if where.launch_rank != 0:                   # ranks started together (torchrun, srun): rank 0 writes
-            return {"rank": where.launch_rank, "steps": result["steps"]}
+        if where.launch_rank != 0:
+            return Trained(result, None, where.launch_rank)
         log.LOG.info(f"reusing {artifact}")
-    else:
-        module = plan.module()
-        trainer, seconds, precision = lightning_fit(tc, cfg.logger, module, dataset, run_dir, device, plan.epochs,
-                                                    OmegaConf.to_container(cfg, resolve=True), out_dir, where,
-                                                    plan.fsdp_wrap)
-        try:
-            trained = whole_module(trainer, module, plan.module)     # global rank 0 only (gathered under FSDP)
-            if trained is not None:
-                tmp = run_dir / "artifact.tmp"
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir(parents=True)
-                plan.save(trained, tmp)
-                shutil.rmtree(artifact, ignore_errors=True)
-                os.replace(tmp, artifact)             # the artifact appears whole or not at all
-                result = {"steps": trainer.global_step, "train_seconds": seconds,
-                          "peak_memory_mb": peak_memory_mb(device),
-                          "peak_memory_reserved_mb": peak_memory_reserved_mb(device), "precision": precision,
-                          "final_metrics": {k: float(v) for k, v in trainer.logged_metrics.items()},
-                          "trainable_params": sum(p.numel() for p in trained.parameters() if p.requires_grad)}
-                write_json(run_dir / "train.json", result)
-        finally:                                      # also when rank 0 failed: no rank waits for it forever
-            trainer.strategy.barrier("specexp.artifact")
-        if not trainer.is_global_zero:                # the other ranks leave, having written nothing
-            log.LOG.info(f"rank {trainer.global_rank} trained {trainer.global_step} steps; rank 0 writes "
-                         f"{artifact}")
-            return {"rank": trainer.global_rank, "steps": trainer.global_step}
-    final = artifact
-    if tc.export_dir:
-        final = Path(tc.export_dir)
-        final.mkdir(parents=True, exist_ok=True)
-        for f in sorted(artifact.iterdir()):          # the artifact's files only: what else is there stays
-            if f.is_file():
-                replace_atomic(final / f.name, lambda tmp, f=f: shutil.copy2(f, tmp))
-    card = {**result, "kind": plan.kind, "title": plan.title, "facts": plan.facts,
+        return Trained(result, None)
+    module = plan.module()
+    trainer, seconds, precision = lightning_fit(tc, cfg.logger, module, plan.dataset, run_dir, device, plan.epochs,
+                                                OmegaConf.to_container(cfg, resolve=True), out_dir, where,
+                                                plan.fsdp_wrap)
+    try:
+        trained = whole_module(trainer, module, plan.module)     # global rank 0 only (gathered under FSDP)
+        if trained is not None:
+            tmp = run_dir / "artifact.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            plan.save(trained, tmp)
+            shutil.rmtree(artifact, ignore_errors=True)
+            os.replace(tmp, artifact)             # the artifact appears whole or not at all
+            result = {"steps": trainer.global_step, "train_seconds": seconds,
+                      "peak_memory_mb": peak_memory_mb(device),
+                      "peak_memory_reserved_mb": peak_memory_reserved_mb(device), "precision": precision,
+                      "final_metrics": {k: float(v) for k, v in trainer.logged_metrics.items()},
+                      "trainable_params": sum(p.numel() for p in trained.parameters() if p.requires_grad)}
+            write_json(run_dir / "train.json", result)
+    finally:                                      # also when rank 0 failed: no rank waits for it forever
+        trainer.strategy.barrier("specexp.artifact")
+    if not trainer.is_global_zero:                # the other ranks leave, having written nothing
+        log.LOG.info(f"rank {trainer.global_rank} trained {trainer.global_step} steps; rank 0 writes {artifact}")
+        return Trained({"steps": trainer.global_step}, trainer, trainer.global_rank)
+    return Trained(result, trainer)
+
+
+def export(artifact: Path, export_dir) -> Path:
+    """Where the trained artifact is handed out: `train.export_dir`, into which the artifact's files are copied
+    (each replaced atomically; what else is there stays), or else the stage's artifact directory itself."""
+    if not export_dir:
+        return artifact
+    final = Path(export_dir)
+    final.mkdir(parents=True, exist_ok=True)
+    for f in sorted(artifact.iterdir()):          # the artifact's files only: what else is there stays
+        if f.is_file():
+            replace_atomic(final / f.name, lambda tmp, f=f: shutil.copy2(f, tmp))
+    return final
+
+
+def make_card(ctx: TrainContext, plan: TrainPlan, result: dict, run_dir: Path, final: Path, whole: dict,
+              lean: bool) -> dict:
+    """card.json: the training result, what was trained on what data, the command and where the artifact is."""
+    seqs, tc = ctx.seqs, ctx.train
+    return {**result, "kind": plan.kind, "title": plan.title, "facts": plan.facts,
             "command": "python -m specexp " + " ".join(sys.argv[1:]), "data_hash": ctx.data_hash,
             "sequences": len(seqs), "response_tokens": sum(int(s.loss_mask.sum()) for s in seqs),
             **whole,
@@ -390,23 +438,27 @@ def _train(cfg, out_dir: Path, where: Placement) -> dict:
             "target_parts": "embedding and lm_head only" if lean else "whole",
             "target_source": ctx.target.source, "train": OmegaConf.to_container(tc, resolve=True),
             "run_dir": str(run_dir), "checkpoint": str(final.resolve())}
-    if tc.eval_after and plan.eval_overrides is not None:
-        from ..eval.evaluator import run_eval  # the one upward call: training hands its result to evaluation
 
-        summary = run_eval(OmegaConf.merge(cfg, {"drafter": plan.eval_overrides(str(final))}), out_dir / "eval")
-        card["eval"] = {"benchmarks": {k: {"tau": v["tau"], "speedup": v["speedup"]}
-                                       for k, v in summary["benchmarks"].items()}, "macro": summary["macro"],
-                        "max_new_tokens": summary["max_new_tokens"], "decoding": summary["decoding"]["protocol"]}
+
+def evaluate(cfg, plan: TrainPlan, final: Path, out_dir: Path) -> dict:
+    """`train.eval_after`: the trained artifact evaluated as `task=eval` would (into `out_dir/eval`); the card's
+    summary of it."""
+    from ..eval.evaluator import run_eval  # the one upward call: training hands its result to evaluation
+
+    summary = run_eval(OmegaConf.merge(cfg, {"drafter": plan.eval_overrides(str(final))}), out_dir / "eval")
+    return {"benchmarks": {k: {"tau": v["tau"], "speedup": v["speedup"]} for k, v in summary["benchmarks"].items()},
+            "macro": summary["macro"], "max_new_tokens": summary["max_new_tokens"],
+            "decoding": summary["decoding"]["protocol"]}
+
+
+def write_card(card: dict, plan: TrainPlan, final: Path, out_dir: Path) -> None:
+    """The card beside the artifact (card.json + README.md, unless the plan has none), the run directory's
+    train_summary.json and its `checkpoint` link."""
     if plan.card:
         write_json(final / "card.json", card)
         write_text_atomic(final / "README.md", card_markdown(card))
     write_json(out_dir / "train_summary.json", card)
     _link(out_dir, final)
-    if trainer is not None:
-        _wandb_finish(trainer, card, final)
-    log.LOG.info(f"trained {plan.kind}: {final} ({result['steps']} steps, {result['train_seconds']:.0f} s, "
-                 f"peak {result['peak_memory_mb']:.0f} MiB)")
-    return card
 
 
 def _wandb_finish(trainer, card: dict, final: Path) -> None:

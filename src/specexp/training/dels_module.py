@@ -12,36 +12,33 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import lightning as L
 import torch
 from omegaconf import OmegaConf
 
+from .. import checkpoints as ckpt
 from .. import log
 from ..drafters import dels
-from ..drafters.dflash import DFlashDraftModel, resolve_checkpoint
+from ..drafters.dflash import DFlashDraftModel
 from ..errors import check, one_of
 from ..eval.store import claimed_for
-from ..tracking import write_json
-from .anchors import adamw_cosine, sample_anchors, step_generator
+from ..files import write_json
+from .anchors import sample_anchors
+from .base import LitModule
 from .data import step_taps
 from .dflash_module import drafter_config
-from .distributed import no_loss
 from .losses import chunked_ce
+from .optim import step_generator
 from .pipeline import TrainPlan, context, target_fingerprint
 
 
-class LocalHeadLitModule(L.LightningModule):
+class LocalHeadLitModule(LitModule):
+    shown = ("acc",)
+
     def __init__(self, head, target, *, block_size: int, num_anchors: int, gamma: float, lr: float,
                  warmup_ratio: float, weight_decay: float, seed: int):
-        super().__init__()
+        super().__init__(target, lr=lr, warmup_ratio=warmup_ratio, weight_decay=weight_decay)
         self.head = head
-        self._target = (target,)          # a tuple: the frozen target is not a submodule
-        self.block_size, self.num_anchors, self.gamma = block_size, num_anchors, gamma
-        self.lr, self.warmup_ratio, self.weight_decay, self.seed = lr, warmup_ratio, weight_decay, seed
-
-    @property
-    def target(self):
-        return self._target[0]
+        self.block_size, self.num_anchors, self.gamma, self.seed = block_size, num_anchors, gamma, seed
 
     def _rows(self, ids, loss_mask, step: int):
         """(inputs [N, L], targets [N, L], weights [N, L]) for one sequence `[S]`."""
@@ -76,18 +73,9 @@ class LocalHeadLitModule(L.LightningModule):
                 m.update({f"acc_k{j}": correct[k == j].float().mean() for j in range(inp.shape[1]) if (k == j).any()})
         return loss, m
 
-    def training_step(self, batch, batch_idx):
+    def step_loss(self, batch):
         ids, lm = batch["ids"].to(self.device), batch["loss_mask"].to(self.device)
-        loss, m = self.head_loss(ids, lm, self.global_step)
-        if loss is None:
-            return no_loss(self)
-        self.log("train/loss", loss, prog_bar=True, batch_size=1)
-        self.log("train/acc", m.pop("acc"), prog_bar=True, batch_size=1)
-        self.log_dict({f"train/{k}": v for k, v in m.items()}, batch_size=1)
-        return loss
-
-    def configure_optimizers(self):
-        return adamw_cosine(self.head.parameters(), self.trainer, self.lr, self.weight_decay, self.warmup_ratio)
+        return self.head_loss(ids, lm, self.global_step)
 
 
 def count_assistant_tokens(seqs, vocab_size: int) -> torch.Tensor:
@@ -182,7 +170,7 @@ def run_prior(cfg, out_dir) -> dict:
 FUSION_WEIGHTS_FILE = dels.FUSION_WEIGHTS_FILE
 
 
-class FusionWeightsLitModule(L.LightningModule):
+class FusionWeightsLitModule(LitModule):
     """Per-position alpha_k, beta_k (k = draft 2..B-1) trained on top of a frozen DFlash backbone, frozen
     local head and prior (the paper's learned-weights variant; the runtime's `position_gates`). Blocks and
     labels as DFlash training (training/anchors.py); the head is teacher forced from a zero state on the
@@ -192,17 +180,17 @@ class FusionWeightsLitModule(L.LightningModule):
 
     def __init__(self, backbone, head, log_prior, target, *, num_anchors: int, gamma: float, alpha, beta,
                  lr: float, warmup_ratio: float, seed: int):
-        super().__init__()
+        super().__init__(target, lr=lr, warmup_ratio=warmup_ratio, weight_decay=0.0)
         n = backbone.config.block_size - 2
         self.alpha = torch.nn.Parameter(torch.tensor(dels.per_position("alpha", alpha, n)))        # [B-2]
         self.beta = torch.nn.Parameter(torch.tensor(dels.per_position("beta", beta, n)))           # [B-2]
-        self._frozen = (backbone.requires_grad_(False), head.requires_grad_(False), log_prior, target)
-        self.num_anchors, self.gamma, self.lr, self.warmup_ratio, self.seed = num_anchors, gamma, lr, warmup_ratio, seed
+        self._frozen = (backbone.requires_grad_(False), head.requires_grad_(False), log_prior)
+        self.num_anchors, self.gamma, self.seed = num_anchors, gamma, seed
 
     def fused_loss(self, ids, loss_mask, taps, step: int):
         from .anchors import build_blocks, dense_mask
 
-        backbone, head, lp, t = self._frozen
+        (backbone, head, lp), t = self._frozen, self.target
         c, s, dev = backbone.config, ids.numel(), ids.device
         b = c.block_size
         low_rank = head.config.lm_head_mode == "low_rank"
@@ -235,20 +223,12 @@ class FusionWeightsLitModule(L.LightningModule):
         ce, _, _ = chunked_ce(fused, [long[sel], short[sel], j[sel]], blk.labels.view(-1, b)[:, 2:][sel])
         return (ce * w[sel]).sum() / w[sel].sum()
 
-    def training_step(self, batch, batch_idx):
-        t = self._frozen[3]
+    def step_loss(self, batch):
         ids, lm = batch["ids"].to(self.device), batch["loss_mask"].to(self.device)
-        taps = step_taps(batch, t, self._frozen[0].config.target_layer_ids, self.device)
+        taps = step_taps(batch, self.target, self._frozen[0].config.target_layer_ids, self.device)
         loss = self.fused_loss(ids, lm, taps, self.global_step)
-        if loss is None:
-            return no_loss(self)
-        self.log("train/loss", loss, prog_bar=True, batch_size=1)
-        self.log_dict({f"train/alpha_k{k + 2}": a for k, a in enumerate(self.alpha.detach())}, batch_size=1)
-        self.log_dict({f"train/beta_k{k + 2}": v for k, v in enumerate(self.beta.detach())}, batch_size=1)
-        return loss
-
-    def configure_optimizers(self):
-        return adamw_cosine([self.alpha, self.beta], self.trainer, self.lr, 0.0, self.warmup_ratio)
+        return loss, {**{f"alpha_k{k + 2}": a for k, a in enumerate(self.alpha.detach())},
+                      **{f"beta_k{k + 2}": v for k, v in enumerate(self.beta.detach())}}
 
 
 def fusion_weights_plan(ctx) -> TrainPlan:
@@ -260,7 +240,7 @@ def fusion_weights_plan(ctx) -> TrainPlan:
           "drafter.head.train.part=fusion_weights needs trained parts: drafter.checkpoint=DIR and "
           "drafter.head.checkpoint=DIR")
     where = f"drafter.head.checkpoint={str(d.head.checkpoint)!r}"
-    bpath = resolve_checkpoint(str(d.checkpoint), d.get("revision"))
+    bpath = ckpt.resolve(str(d.checkpoint), d.get("revision"))
     hpath = dels.resolve_head(str(d.head.checkpoint), d.head.get("revision"), where)   # a release's subfolder too
     fu = OmegaConf.to_container(ctx.fusion, resolve=True)
     ht = d.head.train

@@ -8,7 +8,7 @@ import torch
 
 from specexp.drafters import dels
 from specexp.training import data as D
-from specexp.training.local_heads import LocalHeadLitModule, count_assistant_tokens, run_prior
+from specexp.training.dels_module import LocalHeadLitModule, count_assistant_tokens, run_prior
 from specexp.training.pipeline import lightning_fit, run_train
 
 
@@ -96,7 +96,7 @@ def test_train_task_writes_head_and_prior_and_evaluates(cfg_factory, tmp_path, m
 
 def _fused_losses(bb, head, lp, t, seqs, w) -> list[float]:
     """The fused CE summed over `seqs` at α = β = 0.3 and at the learned weights `w` (same anchors: seed 0)."""
-    from specexp.training.local_heads import FusionWeightsLitModule
+    from specexp.training.dels_module import FusionWeightsLitModule
 
     losses = []
     for a, b in ((0.3, 0.3), (w["alpha"], w["beta"])):
@@ -116,7 +116,8 @@ def test_learned_fusion_weights_train_and_load(cfg_factory, tiny_target, tmp_pat
     cache: the CE of the fused drafts drops, the weights move away from their init, and fusion=learned reads
     them back into a lossless drafter."""
     from specexp import registry
-    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
+    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel
+    from specexp.drafters.layers import init_weights
 
     t = tiny_target
     monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path / "cache"))
@@ -158,7 +159,8 @@ def test_learned_fusion_weights_train_on_a_released_head(cfg_factory, tiny_targe
     weights back."""
     from helpers import release_head_dir
     from specexp import registry
-    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel, init_weights
+    from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel
+    from specexp.drafters.layers import init_weights
     from specexp.training.pipeline import context
 
     t = tiny_target

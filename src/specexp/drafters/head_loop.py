@@ -1,5 +1,5 @@
-"""The sequential loop shared by the drafters that correct a DFlash block draft by draft (DeLS-Spec's local
-heads, Domino-FT's prefix GRU). One block of K drafts:
+"""The head loop: the sequential loop shared by the drafters that correct a DFlash block draft by draft
+(DeLS-Spec's local heads, Domino-FT's prefix GRU). One block of K drafts:
 
     d1      = pick(long_1)                                          DFlash's row alone
     state   = begin(x, d1)
@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import torch
 
+from ..checkpoints import resolve_init
 from ..errors import check, one_of
 from ..kernels.fusion import BACKENDS, TritonFusion, fuse_torch, fused_logits, gumbel, pick_backend
-from .base import LazyDist, Proposal, Sampling, sequence_at
+from .base import LazyDist, OnBackbone, Proposal, Sampling, sequence_at
 
 
 def check_fusion_options(fusion) -> None:
@@ -60,17 +61,14 @@ def head_init(cfg, target, what: str, train_cmd: str) -> str:
     """`drafter.head.init` resolved to random | checkpoint. auto = random next to a random DFlash backbone (tests,
     smoke runs), else the head checkpoint, which must then be set: a random head beside a trained backbone would
     measure nothing, so that is an error rather than a silent default."""
-    init, ckpt = cfg.head.init, cfg.head.get("checkpoint")
-    if init == "auto":
-        random_backbone = cfg.init == "random" or (cfg.init == "auto" and not cfg.get("checkpoint"))
-        check(bool(ckpt) or random_backbone,
-              f"no {what} head for target {target.name}: train one with {train_cmd} and pass "
-              f"drafter.head.checkpoint=DIR (drafter.head.init=random runs a random head: τ then means nothing)")
-        init = "random" if random_backbone else "checkpoint"
-    one_of("drafter.head.init", init, ("random", "checkpoint"))
-    check(init == "random" or bool(ckpt), f"drafter.head.init=checkpoint needs drafter.head.checkpoint=DIR (train one "
-                                          f"with {train_cmd})")
-    return init
+    init, head = cfg.head.init, cfg.head.get("checkpoint")
+    if init != "auto":
+        return resolve_init(init, head, "drafter.head", f"(train one with {train_cmd})")
+    random_backbone = resolve_init(cfg.init, cfg.get("checkpoint")) == "random"
+    check(bool(head) or random_backbone,
+          f"no {what} head for target {target.name}: train one with {train_cmd} and pass "
+          f"drafter.head.checkpoint=DIR (drafter.head.init=random runs a random head: τ then means nothing)")
+    return "random" if random_backbone else "checkpoint"
 
 
 def _grid_hits(long: torch.Tensor, wz: torch.Tensor, log_prior: torch.Tensor, truth: torch.Tensor,
@@ -111,7 +109,7 @@ def _grid_hits(long: torch.Tensor, wz: torch.Tensor, log_prior: torch.Tensor, tr
     return hits
 
 
-class SequentialDrafter:
+class SequentialDrafter(OnBackbone):
     name: str
     first_row = 1                     # backbone block row of draft 1 (0 for a shifted Domino backbone)
 
@@ -148,16 +146,7 @@ class SequentialDrafter:
     def advance(self, state, token: torch.Tensor):
         raise NotImplementedError
 
-    # --- the backbone keeps the context; the loop state lives only within a block
-    def reset(self) -> None:
-        self.backbone.reset()
-
-    def prefill(self, taps) -> None:
-        self.backbone.prefill(taps)
-
-    def commit(self, n_accepted: int, taps) -> None:
-        self.backbone.commit(n_accepted, taps)
-
+    # --- the backbone keeps the context (OnBackbone); the loop state lives only within a block
     def _weights(self, i: int) -> tuple[float, float]:
         return (0.0, 0.0) if i == 0 else (self.alpha[i - 1], self.beta[i - 1])
 

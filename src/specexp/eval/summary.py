@@ -1,0 +1,111 @@
+"""What a run's summary is made of, without running anything: the decoding settings (`decode_config`), the settings
+its results depend on (`run_settings`, run.json), and summary.json from the records (`summarize`,
+`summarize_records`: τ with its bootstrap CI, speedup, per-position acceptance, the drafter's own metrics).
+
+Evaluation (evaluator.py), replay (replay.py), the α/β grid (fusion_grid.py) and merging shards (merge.py) all
+summarise through here, so a number means the same whichever task produced it.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+from omegaconf import OmegaConf
+
+from ..decoding.engine import DecodeConfig, drafts_per_round
+from ..decoding.verify import PROTOCOLS
+from ..errors import check
+from ..machine import describe
+from ..targets import target_settings
+from . import metrics
+from .store import content_digest
+
+
+def decode_config(decoding, ev, target) -> DecodeConfig:
+    protocol, temp = decoding.protocol, decoding.temperature
+    check(protocol in PROTOCOLS, f"decoding.protocol={protocol!r} is not valid; choose one of: {', '.join(PROTOCOLS)}")
+    check(isinstance(temp, (int, float)) and math.isfinite(temp) and temp >= 0,
+          f"decoding.temperature={temp!r} must be a finite number >= 0")
+    check((protocol == "greedy") == (temp == 0),
+          f"decoding.protocol={protocol} with decoding.temperature={temp}: greedy needs T=0 and protocols A/B "
+          f"need T>0 (use decoding=greedy, decoding=sample_a or decoding=sample_b)")
+    check(isinstance(ev.max_new_tokens, int) and ev.max_new_tokens > 0,
+          f"eval.max_new_tokens={ev.max_new_tokens!r} must be a positive int")
+    cap = ev.get("max_drafts")
+    check(cap is None or isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1,
+          f"eval.max_drafts={cap!r} must be an int >= 1, or null (the drafter's own number of drafts)")
+    return DecodeConfig(protocol, float(temp), ev.max_new_tokens, tuple(target.stop_token_ids), cap)
+
+
+def summarize(records: list[dict], names: list[str], target, drafter, dc: DecodeConfig, round_metrics=None,
+              mode: str = "online") -> dict:
+    """summary.json. `mode`: "online" (decoded by the engine) or "replay" (eval/replay.py: no timing fields,
+    near-tie counts instead). τ comes with its 95% bootstrap CI over prompts, per benchmark and macro."""
+    header = {
+        "target": target.name, "drafter": drafter.name if drafter is not None else "none", "mode": mode,
+        "decoding": {"temperature": dc.temperature, "protocol": dc.protocol},
+        "max_new_tokens": dc.max_new_tokens, "num_draft_tokens": drafts_per_round(drafter, dc),
+        "target_dtype": str(target.dtype).removeprefix("torch."), "machine": describe(target.device),
+    }
+    return summarize_records(records, names, header, round_metrics)
+
+
+SUMMARY_HEADER = ("target", "drafter", "mode", "decoding", "max_new_tokens", "num_draft_tokens")
+MACHINE_HEADER = ("target_dtype", "machine")    # where it ran; absent from summaries made before they were recorded
+
+
+def summarize_records(records: list[dict], names: list[str], header: dict, round_metrics=None) -> dict:
+    """summary.json from the records alone and the run's `header` (the SUMMARY_HEADER keys of a summary), without
+    the models: what `summarize` computes, and what task=merge (eval/merge.py) computes over merged shards. The
+    bootstrap CIs depend on the order of the prompts within each benchmark (the records' order)."""
+    k, mode = header["num_draft_tokens"], header["mode"]
+    by_bench = {n: [r for r in records if r["benchmark"] == n] for n in names}
+    by_bench = {n: rs for n, rs in by_bench.items() if rs}
+    benches = {n: metrics.summarize_benchmark(rs, k) for n, rs in by_bench.items()}
+    ci, macro_ci = metrics.tau_ci95(by_bench)
+    macro = metrics.macro(benches) | {"tau_ci95": macro_ci}
+    for n, b in benches.items():                        # the drafter's own per-benchmark fields, keys its own
+        b["tau_ci95"] = ci.get(n)
+        b.update((round_metrics.benchmark(by_bench[n]) or {}) if round_metrics is not None else {})
+        if mode == "replay":
+            for key in metrics.TIMING_KEYS:
+                b.pop(key, None)
+            b.update(metrics.near_tie_summary(by_bench[n]))
+    if mode == "replay":
+        macro.pop("speedup", None)
+    head = {key: header[key] for key in (*SUMMARY_HEADER, *MACHINE_HEADER) if key in header}
+    return {**head, "benchmarks": benches, "macro": macro}
+
+
+def capped(ev) -> dict:
+    """`eval.max_drafts` for a run's settings when it is set: absent when null, so that the directories of runs made
+    before the key existed still resume."""
+    return {"max_drafts": ev.max_drafts} if ev.get("max_drafts") is not None else {}
+
+
+def run_settings(cfg, device) -> dict:
+    """Every setting that changes a result, for run.json (the samples and their prompts are added by the store).
+    Not here: benchmark names, source, data_dir, num_samples and shuffle_seed, which only select samples (the
+    store compares the selected samples and their prompt text instead), and progress/logger/warmup."""
+    container = OmegaConf.to_container
+    drafter = container(cfg.drafter, resolve=True)
+    return {
+        "target": target_settings(cfg.target, device), "drafter": drafter,
+        "checkpoint_content": checkpoint_digests(drafter),
+        "decoding": container(cfg.decoding, resolve=True),
+        "eval": {k: cfg.eval.get(k) for k in ("max_new_tokens", "run_ar", "check_lossless", "near_tie", "save_text")}
+        | capped(cfg.eval),
+        "seed": cfg.seed, "device": device.type, "cpu_threads": cfg.get("cpu_threads"),
+    }
+
+
+def checkpoint_digests(node: dict, prefix: str = "drafter") -> dict[str, str]:
+    """{dotted key: content digest} of every `*checkpoint` setting that names a local file or directory (a hub id
+    is pinned by its name alone)."""
+    out = {}
+    for k, v in node.items():
+        if isinstance(v, dict):
+            out.update(checkpoint_digests(v, f"{prefix}.{k}"))
+        elif str(k).endswith("checkpoint") and isinstance(v, str) and os.path.exists(os.path.expanduser(v)):
+            out[f"{prefix}.{k}"] = content_digest(os.path.expanduser(v))
+    return out
