@@ -112,3 +112,6 @@ def test_the_near_tie_tolerance_is_the_floor_or_two_ulps_of_the_dtype():
     assert M.tie_tolerance(top20, torch.bfloat16, 0.5) == 0.5
     assert M.tie_tolerance(torch.tensor([0.7, -0.2]), torch.bfloat16, 0.01) == 0.01   # 2 ulps at 0.7: 0.0039
     assert M.tie_tolerance(torch.tensor([-40.0, 1.0]), torch.float16, 0.0) == 2 * 2.0 ** -10 * 32
+    # a gap of exactly two bf16 steps is still a near-tie; one step more is not
+    assert M.is_near_tie(0.25, M.tie_tolerance(top20, torch.bfloat16, 0.01))
+    assert not M.is_near_tie(0.375, M.tie_tolerance(top20, torch.bfloat16, 0.01))

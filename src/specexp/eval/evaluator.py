@@ -95,7 +95,7 @@ def run_sample(target, drafter, sample, dc: DecodeConfig, ev, seed: int, round_m
 def mismatch(target, prompt: list[int], spec: list[int], ar: list[int], near_tie: float) -> dict:
     """Where a greedy output first leaves AR's (`mismatch_at`), the target's logit gap there (`mismatch_gap`,
     metrics.tie_gap: the top-2 gap when the two tokens are the two best, as replay measures near-ties) from one
-    teacher-forced pass over the prompt and the common prefix, and whether that is a near-tie (a gap below
+    teacher-forced pass over the prompt and the common prefix, and whether that is a near-tie (a gap of at most
     metrics.tie_tolerance: `near_tie`, or 2 ulps of the target's dtype if more): in
     bf16 a 16-token verify block and a 1-token AR step round differently, so they may break such a tie
     differently without any drafter error. An output that is a prefix of the other is no tie."""
@@ -106,7 +106,8 @@ def mismatch(target, prompt: list[int], spec: list[int], ar: list[int], near_tie
     logits, _ = target.forward(ids, 0, target.new_cache(), last_only=True)              # [1, 1, V]
     gap = metrics.tie_gap(logits[0, -1], (spec[i], ar[i]))
     tol = metrics.tie_tolerance(logits[0, -1], target.dtype, near_tie)
-    return {"mismatch_at": i, "mismatch_gap": gap, "mismatch_tolerance": tol, "lossless_near_tie": gap < tol}
+    return {"mismatch_at": i, "mismatch_gap": gap, "mismatch_tolerance": tol,
+            "lossless_near_tie": metrics.is_near_tie(gap, tol)}
 
 
 def warmup(target, drafter, dc: DecodeConfig, n: int) -> None:

@@ -104,6 +104,12 @@ def tie_tolerance(logits, dtype: torch.dtype, floor: float) -> float:
     return max(floor, 2 * ulp)
 
 
+def is_near_tie(gap: float, tolerance: float) -> bool:
+    """Whether a top-2 gap is within `tolerance` (inclusive: in bf16 every logit moves by up to one step between a
+    k-row and a 1-row pass, so two of them can close a gap of exactly two steps to a tie)."""
+    return gap <= tolerance
+
+
 def lossless_counts(records: list[dict]) -> dict:
     """Greedy outputs that differ from AR's, split by what their first differing position is: a near-tie of the
     target's logits (`lossless_near_tie`, eval/evaluator.py: the two tokens within `eval.near_tie` of the best logit)
