@@ -15,27 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 
+import engine_measure  # noqa: E402  (a sibling module: experiments/ is on the path of a script run from it)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 
 def median_ms(f, reps: int) -> float:
-    for _ in range(3):
-        f()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t0)
-    ts.sort()
-    return 1000 * ts[len(ts) // 2]
+    return engine_measure.median_ms(f, reps, warmup=3)
 
 
 def main() -> None:

@@ -18,9 +18,10 @@ import torch.nn.functional as F
 from specexp.decoding.engine import DecodeConfig, generate
 
 
-def median_ms(f, reps: int) -> float:
-    """Median wall time of `f()` in ms over `reps` calls, after one untimed call (first calls allocate)."""
-    f()
+def median_ms(f, reps: int, warmup: int = 1) -> float:
+    """Median wall time of `f()` in ms over `reps` calls, after `warmup` untimed calls (first calls allocate)."""
+    for _ in range(warmup):
+        f()
     ts = []
     for _ in range(reps):
         t0 = time.perf_counter()

@@ -45,6 +45,20 @@ def tiny_target():
     return registry.build_target(cfg.target, torch.device("cpu"))
 
 
+@pytest.fixture(scope="module")
+def static(tiny_target):
+    """The tiny target on the static engine (static_target.py): the same modules and weights, another KV cache."""
+    from specexp.static_target import StaticTarget
+
+    return StaticTarget.of(tiny_target)
+
+
+@pytest.fixture(scope="module")
+def count_ids(tiny_target):
+    """A prompt whose greedy answer runs long enough for several rounds of every drafter (sync counting)."""
+    return tiny_target.encode_chat([{"role": "user", "content": "Count from one to twenty."}])
+
+
 @pytest.fixture(scope="session")
 def tiny_dflash(tiny_target):
     from specexp import registry

@@ -17,17 +17,6 @@ from specexp import registry  # noqa: E402
 from specexp.decoding.engine import DecodeConfig, generate  # noqa: E402
 from specexp.drafters import head_loop  # noqa: E402
 from specexp.kernels import fusion  # noqa: E402
-from specexp.static_target import StaticTarget  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def static(tiny_target):
-    return StaticTarget.of(tiny_target)
-
-
-@pytest.fixture(scope="module")
-def ids(tiny_target):
-    return tiny_target.encode_chat([{"role": "user", "content": "Count from one to twenty."}])
 
 
 def test_sync_counter_counts_host_reads_and_restores_torch():
@@ -47,21 +36,21 @@ def test_sync_counter_counts_host_reads_and_restores_torch():
 
 
 @pytest.mark.parametrize("name", ["dflash", "eagle3"])
-def test_syncs_per_round_counts_complete_rounds(name, static, ids, cfg_factory, one_thread):
+def test_syncs_per_round_counts_complete_rounds(name, static, count_ids, cfg_factory, one_thread):
     drafter = registry.build_drafter(cfg_factory(f"drafter={name}", "drafter.init=random").drafter, static)
     dc = DecodeConfig(max_new_tokens=12)
-    rounds = len(generate(static, drafter, ids, dc).accept_lengths)
-    counts = em.syncs_per_round(static, drafter, ids, dc)
+    rounds = len(generate(static, drafter, count_ids, dc).accept_lengths)
+    counts = em.syncs_per_round(static, drafter, count_ids, dc)
     assert counts == [1] * (rounds - 1)          # the last verification has no proposal after it: left out
     assert "forward" not in vars(static)
 
 
 @pytest.mark.parametrize("name", ["none", "dflash", "dels_rnn", "eagle3"])
-def test_timed_rounds_cut_every_round_into_its_parts(name, static, ids, cfg_factory, one_thread):
+def test_timed_rounds_cut_every_round_into_its_parts(name, static, count_ids, cfg_factory, one_thread):
     cfg = cfg_factory(f"drafter={name}", "drafter.init=random") if name != "none" else None
     drafter = registry.build_drafter(cfg.drafter, static) if cfg is not None else None
     dc = DecodeConfig(max_new_tokens=12)
-    gen, parts = em.timed_rounds(static, drafter, ids, dc)
+    gen, parts = em.timed_rounds(static, drafter, count_ids, dc)
     n = len(gen.accept_lengths) - 1              # complete rounds: from one verification to the next
     assert n >= 2 and all(len(v) == n for v in parts.values())
     for i in range(n):
@@ -78,7 +67,7 @@ def test_timed_rounds_cut_every_round_into_its_parts(name, static, ids, cfg_fact
     if drafter is not None:
         assert "propose" not in vars(drafter) and "commit" not in vars(drafter)
         assert all(not m._forward_hooks and not m._forward_pre_hooks for m in em.projection_modules(drafter))
-    assert generate(static, drafter, ids, dc).tokens == gen.tokens
+    assert generate(static, drafter, count_ids, dc).tokens == gen.tokens
 
 
 def test_hf_dflash_assistant_computes_what_the_drafter_computes(tiny_target, cfg_factory, one_thread):

@@ -18,11 +18,6 @@ PROMPTS = ["What is 2+3?", "Write a haiku about rivers."]
 
 
 @pytest.fixture(scope="module")
-def static(tiny_target):
-    return StaticTarget.of(tiny_target)
-
-
-@pytest.fixture(scope="module")
 def fixed(tiny_target):
     """The fixed-shape step without inductor: the same code as compiled, at the cost of a plain forward."""
     return StaticTarget.of(tiny_target, compile=True, inductor=False)

@@ -16,11 +16,6 @@ from specexp.static_target import StaticTarget
 PROMPTS = ["What is 2+3?", "Write a haiku about rivers."]
 
 
-@pytest.fixture(scope="module")
-def static(tiny_target):
-    return StaticTarget.of(tiny_target)
-
-
 def test_logits_and_taps_are_bit_identical_through_a_decode(tiny_target, static):
     t, s, taps = tiny_target, static, tuple(range(tiny_target.num_layers))      # every layer, the normed last too
     g = torch.Generator().manual_seed(0)

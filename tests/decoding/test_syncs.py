@@ -13,7 +13,6 @@ import torch
 
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
-from specexp.static_target import StaticTarget
 
 READS = ("item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
 
@@ -60,41 +59,31 @@ class Syncs:
         return [b - a for a, b in zip(marks[1:], marks[2:])], gen
 
 
-@pytest.fixture(scope="module")
-def static(tiny_target):
-    return StaticTarget.of(tiny_target)
-
-
-@pytest.fixture(scope="module")
-def ids(tiny_target):
-    return tiny_target.encode_chat([{"role": "user", "content": "Count from one to twenty."}])
-
-
 CHAINS = [("none", ()), ("dflash", ()), ("dels_rnn", ()), ("dels_markov", ()), ("domino_ft", ()), ("eagle3", ()),
           ("dedit", ("drafter.edit.early_stop=false",))]
 
 
 @pytest.mark.parametrize("name, extra", CHAINS, ids=[c[0] for c in CHAINS])
-def test_a_greedy_chain_round_syncs_once_on_the_static_engine(name, extra, static, ids, cfg_factory, monkeypatch):
+def test_a_greedy_chain_round_syncs_once_on_the_static_engine(name, extra, static, count_ids, cfg_factory, monkeypatch):
     cfg = cfg_factory(f"drafter={name}", "drafter.init=random", *extra) if name != "none" else None
     drafter = registry.build_drafter(cfg.drafter, static) if cfg is not None else None
     syncs = Syncs(monkeypatch)
-    counts, gen = syncs.per_round(static, drafter, ids, max_new_tokens=12)
+    counts, gen = syncs.per_round(static, drafter, count_ids, max_new_tokens=12)
     assert len(counts) == len(gen.accept_lengths) >= 3
     assert counts == [1] * len(counts), (counts, syncs.where)
 
 
-def test_dedit_early_stop_reads_one_flag_per_pass(static, ids, cfg_factory, monkeypatch):
+def test_dedit_early_stop_reads_one_flag_per_pass(static, count_ids, cfg_factory, monkeypatch):
     """The early stop is a branch on the device's data: one read per editing pass, besides the verdict."""
     cfg = cfg_factory("drafter=dedit", "drafter.init=random", "drafter.edit.early_stop=true")
     drafter = registry.build_drafter(cfg.drafter, static)
     syncs = Syncs(monkeypatch)
-    counts, gen = syncs.per_round(static, drafter, ids, max_new_tokens=10)
+    counts, gen = syncs.per_round(static, drafter, count_ids, max_new_tokens=10)
     passes = [r["passes"] for r in gen.rounds] + [0] * 2      # of each round's proposal (none where k = 0: the end)
     assert len(gen.rounds) >= 3 and counts == [1 + p for p in passes[1: len(counts) + 1]], (counts, passes)
 
 
-def test_a_greedy_tree_round_syncs_twice(static, ids, cfg_factory, monkeypatch):
+def test_a_greedy_tree_round_syncs_twice(static, count_ids, cfg_factory, monkeypatch):
     """EAGLE-3's tree: the layout reads the tree's parents (its mask is built on the host and goes back without a
     blocking copy), the verdict is one copy (the target's choices with the tree's tokens), the accepted path goes back
     without a blocking copy. What the drafter's own tree search reads is counted apart (none)."""
@@ -110,7 +99,7 @@ def test_a_greedy_tree_round_syncs_twice(static, ids, cfg_factory, monkeypatch):
         in_propose.append(syncs.n - before)
         return out
     drafter.propose = counted_propose
-    counts, gen = syncs.per_round(static, drafter, ids, max_new_tokens=12)
+    counts, gen = syncs.per_round(static, drafter, count_ids, max_new_tokens=12)
     assert in_propose[1:] == [0] * (len(in_propose) - 1)       # the first reads the prompt's token list
     layouts = [int(d > 0) for d in gen.drafted[1:]] + [0]      # the next round's tree (none where k = 0: the end)
     assert sum(layouts) >= 3 and counts == [1 + t for t in layouts], (counts, syncs.where)
