@@ -60,6 +60,16 @@ def tracked_text_files() -> list[Path]:
     return [p for p in files if p.is_file() and (p.suffix in TEXT_SUFFIXES or p.parent.name == ".ci")]
 
 
+def test_readme_layout_names_every_module():
+    """The README's Layout block names every module of the package (a new module gets its line there)."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Layout\n```\n")
+    block = text[start: text.index("```", start + len("## Layout\n```\n"))]
+    missing = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "src" / "specexp").rglob("*.py"))
+               if p.stem != "__init__" and not re.search(rf"\b{re.escape(p.stem)}\b", block)]
+    assert not missing, f"README.md's Layout block does not name: {', '.join(missing)}"
+
+
 def test_readme_option_table_lists_every_config_option():
     table = option_table((ROOT / "README.md").read_text())
     assert table, "README.md has no '| group | options |' table"
