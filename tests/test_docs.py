@@ -70,6 +70,26 @@ def test_readme_layout_names_every_module():
     assert not missing, f"README.md's Layout block does not name: {', '.join(missing)}"
 
 
+def test_config_yaml_comments_list_every_option_of_their_groups():
+    """conf/config.yaml's defaults: a group whose comment lists options (a | b | ...) lists all of them."""
+    lines = (ROOT / "conf" / "config.yaml").read_text().splitlines()
+    problems = []
+    for n, line in enumerate(lines):
+        m = re.match(r"\s*- (\w+): (\S+)\s+#(.*)", line)
+        if not m or "|" not in m.group(3):
+            continue
+        comment = m.group(3)
+        for more in lines[n + 1:]:                      # a comment continued on the lines below
+            if not more.strip().startswith("#"):
+                break
+            comment += more
+        group = m.group(1)
+        options = {p.stem for p in (ROOT / "conf" / group).glob("*.yaml")}
+        if missing := sorted(o for o in options if not re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", comment)):
+            problems.append(f"{group}: {', '.join(missing)}")
+    assert not problems, f"conf/config.yaml's comments do not list: {'; '.join(problems)}"
+
+
 def test_readme_option_table_lists_every_config_option():
     table = option_table((ROOT / "README.md").read_text())
     assert table, "README.md has no '| group | options |' table"
