@@ -108,8 +108,8 @@ class Pipeline:
         `decoding`: greedy | A | B (default: the config's `decoding.protocol`); `temperature` for A and B;
         `max_new_tokens`: default `eval.max_new_tokens`; `seed`: default the config's (sampling only)."""
         import torch
-        from omegaconf import OmegaConf
 
+        from .config import DecodingConfig, EvalConfig
         from .decoding.engine import drafts_per_round, generate
         from .eval.evaluator import check_fits, turn_seed
         from .eval.summary import decode_config
@@ -120,8 +120,9 @@ class Pipeline:
         protocol = decoding or self.cfg.decoding.protocol
         temp = temperature if temperature is not None else (0.0 if protocol == "greedy" else
                                                             self.cfg.decoding.temperature or 1.0)
-        dec = OmegaConf.merge(self.cfg.decoding, {"protocol": protocol, "temperature": temp})
-        ev = OmegaConf.merge(self.cfg.eval, {"max_new_tokens": max_new_tokens or self.cfg.eval.max_new_tokens})
+        dec = DecodingConfig.from_cfg(self.cfg.decoding).replaced(protocol=protocol, temperature=temp)
+        ev = EvalConfig.from_cfg(self.cfg.eval)
+        ev = ev.replaced(max_new_tokens=max_new_tokens) if max_new_tokens is not None else ev
         dc = decode_config(dec, ev, self.target)
         k = drafts_per_round(self.drafter, dc)
         ids = [self.encode(p) for p in batch]

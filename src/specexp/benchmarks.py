@@ -270,6 +270,7 @@ def load(names: list[str], num_samples, shuffle_seed: int = 0, source: str = "lo
 
 
 def from_config(bench, ev) -> list[Sample]:
-    """`load` with the `benchmark` and `eval` config groups' settings (the evaluator, replay and the α/β grid)."""
-    return load(list(bench.names), ev.num_samples, ev.shuffle_seed, bench.source, bench.get("data_dir"), ev.split,
-                ev.tune_samples, bench.get("edition", "staged"))
+    """`load` with the `benchmark` and `eval` config groups' typed views (config.BenchmarkConfig, EvalConfig: the
+    evaluator, replay and the α/β grid)."""
+    return load(list(bench.names), ev.num_samples, ev.shuffle_seed, bench.source, bench.data_dir, ev.split,
+                ev.tune_samples, bench.edition)

@@ -10,6 +10,9 @@ carries everything the rest of the code needs to know about it:
   checkpoints  target name -> {drafter key: value}: the default checkpoints it uses for that target
   tokens_only  (drafter config) -> True when its training reads tokens alone (the DeLS local heads): the target
                is then loaded without its decoder layers (targets.py, `lean`)
+  settings     its keys: a `schema.Settings` dataclass (types, defaults, the rules of valid values), which
+               config.validate checks `drafter.*` against; the YAML file holds its presets. A plugin without one
+               gets no key checks.
   conf_dir     a directory holding `drafter/<name>.yaml`, for drafters that live outside this package
 
 Plugins: `SPECEXP_PLUGINS=pkg.module[,other]` names modules imported before the config is composed; each
@@ -28,6 +31,7 @@ from omegaconf import OmegaConf
 from . import targets
 from .drafters import dedit, dels, dflash, domino, eagle3
 from .errors import UserError, check, one_of
+from .schema import Settings, frozen
 
 TARGETS = {
     "tiny_qwen3": targets.load_tiny_qwen3,
@@ -59,6 +63,13 @@ class DrafterEntry:
     conf_dir: Path | None = None
     summary: str = ""
     tokens_only: Callable[[object], bool] | None = None
+    settings: type[Settings] | None = None
+
+
+@frozen
+class ARSettings(Settings):
+    """`drafter=none`: the autoregressive baseline has no keys but its name."""
+    name: str = "none"
 
 
 DRAFTERS: dict[str, DrafterEntry] = {}
@@ -99,25 +110,29 @@ def _head_part(d) -> bool:
 
 
 for _e in (
-    DrafterEntry("none", None, summary="no drafter: the autoregressive baseline (τ = 1)"),
+    DrafterEntry("none", None, summary="no drafter: the autoregressive baseline (τ = 1)", settings=ARSettings),
     DrafterEntry("dflash", dflash.build, train="specexp.training.dflash_module:plan", checkpoints=DFLASH_CHECKPOINTS,
+                 settings=dflash.DFlashSettings,
                  summary="DFlash: a block [anchor, MASK×(B−1)] filled in one bidirectional pass"),
     DrafterEntry("dels_rnn", dels.build, train="specexp.training.dels_module:plan", checkpoints=DELS_RNN_CHECKPOINTS,
                  summary="DeLS-Spec: DFlash + GRU local head + unigram prior, fused per position",
-                 tokens_only=_head_part),
+                 tokens_only=_head_part, settings=dels.DeLSSettings),
     DrafterEntry("dels_markov", dels.build, train="specexp.training.dels_module:plan",
                  checkpoints=_with(DFLASH_CHECKPOINTS, "smollm2_135m", **{"head.checkpoint": f"{MINI}-dels-markov"}),
-                 summary="DeLS-Spec: DFlash + rank-256 bigram local head + unigram prior", tokens_only=_head_part),
+                 summary="DeLS-Spec: DFlash + rank-256 bigram local head + unigram prior", tokens_only=_head_part,
+                 settings=dels.DeLSSettings),
     DrafterEntry("domino_ft", domino.build, train="specexp.training.domino_module:plan",
                  checkpoints=_with(DFLASH_CHECKPOINTS, "smollm2_135m", **{"head.checkpoint": f"{MINI}-domino-ft"}),
-                 summary="Domino-FT: DFlash + prefix GRU + low-rank residual head"),
+                 summary="Domino-FT: DFlash + prefix GRU + low-rank residual head", settings=domino.DominoSettings),
     DrafterEntry("dedit", dedit.build, train="specexp.training.dedit_module:plan", metrics=dedit.METRICS,
                  checkpoints={"smollm2_135m": {"checkpoint": f"{MINI}-dedit"}},
-                 summary="DEdit: DFlash-architecture unmasking + token-to-token edit passes"),
+                 summary="DEdit: DFlash-architecture unmasking + token-to-token edit passes",
+                 settings=dedit.DEditSettings),
     # EAGLE-3: the committed mini drafter on SmolLM2; none for Qwen3 (the releases' files are not verified here).
     DrafterEntry("eagle3", eagle3.build, train="specexp.training.eagle3_module:plan",
                  checkpoints={"smollm2_135m": {"checkpoint": f"{MINI}-eagle3"}},
-                 summary="EAGLE-3: one layer over (embedding, fused target taps), chain or dynamic-tree drafts"),
+                 summary="EAGLE-3: one layer over (embedding, fused target taps), chain or dynamic-tree drafts",
+                 settings=eagle3.Eagle3Settings),
 ):
     register_drafter(_e)
 

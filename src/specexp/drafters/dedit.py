@@ -29,11 +29,43 @@ from statistics import fmean
 import torch
 
 from ..errors import check, one_of
+from ..schema import MAX_BLOCK, Settings, frozen, is_int, null_or, setting, upto
 from . import dflash
 from .base import OnBackbone, Proposal, Sampling
 
 RULES = ("argmax", "threshold", "low_confidence")
 EDITORS = ("bidirectional", "causal")
+
+
+# ------------------------------------------------------------------------------------------- settings
+@frozen
+class EditSettings(Settings):
+    """`drafter.edit`: the edit passes at inference."""
+    passes: int = setting(2, is_int(0, MAX_BLOCK), f"an int >= 0; {upto(MAX_BLOCK)}")
+    window: int | None = setting(None, null_or(is_int(1, MAX_BLOCK)), f"an int >= 1, or null; {upto(MAX_BLOCK)}")
+    verify: int | None = setting(None, null_or(is_int(1, MAX_BLOCK)), f"an int >= 1, or null; {upto(MAX_BLOCK)}")
+    rule: str = "argmax"
+    threshold: float = 0.5
+    confidence: float = 0.9
+    editor: str = "bidirectional"
+    early_stop: bool = True
+
+
+@frozen
+class TrainEditSettings(Settings):
+    """`drafter.train_edit`: the editing loss of task=train drafter=dedit."""
+    mix: str = "confidence_sample"
+    mix_threshold: float = 0.5
+    plain_rate: float = 0.5
+    edit_weight: float = 1.0
+
+
+@frozen
+class DEditSettings(dflash.DFlashSettings):
+    """The keys of `drafter=dedit`: DFlash's and the edit passes'."""
+    name: str = "dedit"
+    edit: EditSettings = setting(factory=EditSettings)
+    train_edit: TrainEditSettings = setting(factory=TrainEditSettings)
 
 
 def block_mask(ctx_len: int, q: int, causal: bool, device) -> torch.Tensor | None:

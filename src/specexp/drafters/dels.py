@@ -28,6 +28,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -37,6 +38,19 @@ from .. import checkpoints as ckpt
 from .. import files, log, pins
 from ..errors import UserError, check, one_of
 from ..paths import REPO_ROOT
+from ..schema import (
+    MAX_BATCH,
+    MAX_BLOCK,
+    MAX_STEPS,
+    MAX_WIDTH,
+    Settings,
+    choice,
+    frozen,
+    is_int,
+    null_or,
+    setting,
+    upto,
+)
 from . import dflash
 from .head_loop import SequentialDrafter, check_fusion_options, gru_step, matvec, random_init
 from .head_loop import head_init as resolve_head_init
@@ -46,6 +60,45 @@ FUSION_WEIGHTS_FILE = "fusion_weights.json"     # learned per-position alpha/bet
 KINDS = ("rnn", "markov")
 ACTIVATIONS = {"silu": F.silu, "identity": lambda x: x}
 LM_HEAD_MODES = ("target_factorized", "low_rank")
+
+
+# ------------------------------------------------------------------------------------------- settings
+@frozen
+class DeLSHeadTrainSettings(Settings):
+    """`drafter.head.train`: the head's own training recipe (task=train drafter=dels_*)."""
+    part: str = "head"
+    block_size: int | None = setting(None, null_or(is_int(2, MAX_BLOCK)), f"an int >= 2, or null; {upto(MAX_BLOCK)}")
+    num_anchors: int = setting(512, is_int(1, MAX_BATCH), f"an int >= 1; {upto(MAX_BATCH)}")
+    gamma: float = 7.0
+    epochs: int = setting(1, is_int(1, MAX_STEPS), f"an int >= 1; {upto(MAX_STEPS)}")
+
+
+@frozen
+class DeLSHeadSettings(Settings):
+    init: str = choice("auto", "random", "checkpoint")
+    checkpoint: str | None = None
+    revision: str | None = None
+    input_rank: int = 256
+    gru_hidden: int = setting(1024, is_int(1, MAX_WIDTH), f"an int >= 1; {upto(MAX_WIDTH)}")
+    output_rank: int = 256
+    activation: str = "silu"
+    init_std: float = 0.02
+    train: DeLSHeadTrainSettings = setting(factory=DeLSHeadTrainSettings)
+
+
+@frozen
+class PriorSettings(Settings):
+    smoothing: float = 1.0
+
+
+@frozen
+class DeLSSettings(dflash.DFlashSettings):
+    """The keys of `drafter=dels_rnn | dels_markov`: DFlash's, the local head's, the prior's and the fusion weights
+    (`fusion`, the fusion group's values, checked there)."""
+    name: str = "dels_rnn"
+    head: DeLSHeadSettings = setting(factory=DeLSHeadSettings)
+    prior: PriorSettings = setting(factory=PriorSettings)
+    fusion: Any = None
 
 
 @dataclass

@@ -32,8 +32,56 @@ from torch import nn
 from .. import checkpoints as ckpt
 from .. import log
 from ..errors import UserError, check
+from ..paths import repo_path
+from ..schema import (
+    MAX_BLOCK,
+    MAX_LAYERS,
+    Settings,
+    choice,
+    frozen,
+    int_list,
+    is_int,
+    nonempty_str,
+    null_or,
+    setting,
+    target_layers,
+    upto,
+)
 from .base import Proposal, Sampling, choose, sequence_at
 from .layers import MLP, RMSNorm, init_weights, rotate
+
+
+# ------------------------------------------------------------------------------------------- settings
+@frozen
+class DFlashSettings(Settings):
+    """The keys of `drafter=dflash` (conf/drafter/dflash.yaml holds the presets and their meaning); the DFlash-family
+    drafters (DeLS, Domino-FT, DEdit) extend it."""
+    KEY = "drafter"
+    name: str = "dflash"
+    init: str = choice("auto", "random", "checkpoint")
+    checkpoint: str | None = None
+    revision: str | None = setting(None, null_or(nonempty_str), "a hub branch, tag or commit, or null")
+    num_layers: int = setting(1, is_int(1, MAX_LAYERS), f"an int >= 1; {upto(MAX_LAYERS)}")
+    block_size: int = setting(16, is_int(2, MAX_BLOCK), f"an int >= 2 (the anchor + at least one draft); "
+                                                        f"{upto(MAX_BLOCK)}")
+    target_layer_ids: list | None = setting(None, null_or(int_list()),
+                                            "a non-empty list of target layer ids >= 0, or null")
+    seed: int = setting(0, is_int(), "an int")
+
+    @classmethod
+    def check_values(cls, mine: dict, whole: dict) -> None:
+        ids, target = mine.get("target_layer_ids"), whole.get("target") or {}
+        n = target_layers(target)
+        if n is not None and isinstance(ids, list) and any(i >= n for i in ids):
+            raise UserError(f"drafter.target_layer_ids={ids} out of range for target {target.get('name')} (layers "
+                            f"0..{n - 1})")
+        # a local checkpoint's config.json and weight index are read now, so a malformed one is refused before the
+        # target is loaded (its tensors are checked when the drafter loads); a hub id, or absent: the loader says
+        ckpt_dir = mine.get("checkpoint")
+        if mine.get("init") != "random" and isinstance(ckpt_dir, str) and repo_path(ckpt_dir).is_dir():
+            where = f"drafter.checkpoint={ckpt_dir!r}"
+            DFlashConfig.from_dict(ckpt.read_config(repo_path(ckpt_dir), where), f"{where}: config.json")
+            ckpt.weight_files(repo_path(ckpt_dir), where)
 
 
 def _is_int(v) -> bool:

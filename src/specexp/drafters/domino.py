@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,12 +30,44 @@ from torch import nn
 
 from .. import checkpoints as ckpt
 from ..errors import UserError, check, one_of
+from ..schema import MAX_BATCH, MAX_STEPS, MAX_WIDTH, Settings, choice, frozen, is_int, setting, upto
 from . import dflash
 from .head_loop import SequentialDrafter, check_fusion_options, gru_step, matvec, random_init
 from .head_loop import head_init as resolve_head_init
 
 WEIGHTS_FILE = ckpt.WEIGHTS_FILE
 ALIGNMENTS = ("unshifted", "shifted")
+
+
+# ------------------------------------------------------------------------------------------- settings
+@frozen
+class DominoTrainSettings(Settings):
+    """`drafter.head.train`: Domino-FT's own training recipe (task=train drafter=domino_ft)."""
+    num_anchors: int = setting(256, is_int(1, MAX_BATCH), f"an int >= 1; {upto(MAX_BATCH)}")
+    gamma: float = 7.0
+    epochs: int = setting(6, is_int(1, MAX_STEPS), f"an int >= 1; {upto(MAX_STEPS)}")
+    lambda_start: float = 0.0
+    lambda_decay_ratio: float = 0.5
+
+
+@frozen
+class DominoHeadSettings(Settings):
+    init: str = choice("auto", "random", "checkpoint")
+    checkpoint: str | None = None
+    gru_hidden: int = setting(1024, is_int(1, MAX_WIDTH), f"an int >= 1; {upto(MAX_WIDTH)}")
+    emb_dim: int = 256
+    guidance: float = 1.0
+    alignment: str = "unshifted"
+    init_std: float = 0.02
+    train: DominoTrainSettings = setting(factory=DominoTrainSettings)
+
+
+@frozen
+class DominoSettings(dflash.DFlashSettings):
+    """The keys of `drafter=domino_ft`: DFlash's, the prefix-GRU head's and `fusion` (its kernel choices)."""
+    name: str = "domino_ft"
+    head: DominoHeadSettings = setting(factory=DominoHeadSettings)
+    fusion: Any = None
 
 
 @dataclass

@@ -57,10 +57,74 @@ from torch import nn
 from .. import checkpoints as ckpt
 from .. import log
 from ..errors import UserError, check
+from ..schema import (
+    MAX_BLOCK,
+    MAX_TOKENS,
+    Settings,
+    choice,
+    frozen,
+    int_list,
+    is_int,
+    is_num,
+    nonempty_str,
+    null_or,
+    setting,
+    upto,
+)
 from .base import Proposal, Sampling, choose
 from .layers import MLP, RMSNorm, init_weights, rotate  # MLP: the same gated SiLU layer
 
 ARCH = "LlamaForCausalLMEagle3"
+
+
+# ------------------------------------------------------------------------------------------- settings
+# The dynamic tree (`_tree`): each level scores top_k beams over the draft vocabulary ([top_k, V] floats:
+# 64 x 151,936 x 4 B = 39 MB) and ranks top_k^2 candidates; the target verifies total_tokens positions with a
+# [total_tokens, context + total_tokens] mask; depth + 1 drafts per path. EAGLE's: 10, 60, 7. top_k is also at most
+# the draft vocabulary (drafter.draft_vocab_size when set; config.validate checks the pair).
+TREE_MAX_TOP_K = 64
+TREE_MAX_TOKENS = 1024
+TREE_MAX_DEPTH = 64
+
+
+@frozen
+class TreeSettings(Settings):
+    """`drafter.tree`: the EAGLE-2 dynamic tree of `mode: tree`."""
+    top_k: int = setting(10, is_int(1, TREE_MAX_TOP_K), "an int >= 1, and at most the draft vocabulary; "
+                         + upto(TREE_MAX_TOP_K, "each level holds top_k x vocabulary floats"))
+    depth: int = setting(7, is_int(0, TREE_MAX_DEPTH), f"an int >= 0 (expansion steps after the first level); "
+                                                       f"{upto(TREE_MAX_DEPTH)}")
+    total_tokens: int = setting(60, is_int(2, TREE_MAX_TOKENS), f"an int >= 2 (the anchor + at least one draft); "
+                                                                f"{upto(TREE_MAX_TOKENS, 'verified per round')}")
+
+
+@frozen
+class Eagle3Settings(Settings):
+    """The keys of `drafter=eagle3` (conf/drafter/eagle3.yaml holds the presets and their meaning)."""
+    KEY = "drafter"
+    name: str = "eagle3"
+    mode: str = choice("chain", "tree")
+    init: str = choice("auto", "random", "checkpoint")
+    checkpoint: str | None = None
+    revision: str | None = setting(None, null_or(nonempty_str), "a hub branch, tag or commit, or null")
+    num_drafts: int = setting(7, is_int(1, MAX_BLOCK), f"an int >= 1; {upto(MAX_BLOCK)}")
+    tree: TreeSettings = setting(factory=TreeSettings)
+    tap_layers: list | None = setting(None, null_or(lambda v: int_list()(v) and len(v) == 3),
+                                      "3 target layer ids >= 0, or null")
+    draft_vocab_size: int | None = setting(None, null_or(is_int(1, MAX_TOKENS)),
+                                           f"an int >= 1, or null (the full vocabulary); {upto(MAX_TOKENS)}")
+    seed: int = setting(0, is_int(), "an int")
+    ttt_length: int = setting(7, is_int(1, MAX_BLOCK), f"an int >= 1 (training-time test steps); {upto(MAX_BLOCK)}")
+    ttt_decay: float = setting(0.8, is_num(0, lo_open=True), "a finite number > 0")
+    labels: str = choice("soft", "hard", words="hard (the data tokens) or soft (the target's distribution)")
+
+    @classmethod
+    def check_values(cls, mine: dict, whole: dict) -> None:
+        """The tree keeps top_k children per node, out of the draft vocabulary."""
+        top_k, vocab = mine["tree"]["top_k"] if "tree" in mine else None, mine.get("draft_vocab_size")
+        if mine.get("mode") == "tree" and top_k is not None and vocab is not None and top_k > vocab:
+            raise UserError(f"drafter.tree.top_k={top_k} exceeds drafter.draft_vocab_size={vocab}; choose top_k <= "
+                            f"{vocab}")
 
 
 # vLLM's top-level `eagle_aux_hidden_state_layer_ids` index the hidden states entering a layer (j = the output of

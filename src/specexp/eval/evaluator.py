@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from .. import benchmarks, log, registry
+from ..config import BenchmarkConfig, DecodingConfig, EvalConfig
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round, generate
 from ..errors import check
 from ..files import write_json, write_text_atomic
@@ -64,7 +65,7 @@ def check_fits(target, sample_id: str, turn: int, prompt_len: int, dc: DecodeCon
           f"{dc.max_new_tokens} exceeds the target context of {target.max_context}; lower eval.max_new_tokens")
 
 
-def run_sample(target, drafter, sample, dc: DecodeConfig, ev, seed: int, round_metrics=None) -> list[dict]:
+def run_sample(target, drafter, sample, dc: DecodeConfig, ev: EvalConfig, seed: int, round_metrics=None) -> list[dict]:
     """All turns of one sample; each next user turn follows the model's own previous answer. `round_metrics`:
     the drafter's registry `metrics` (turns its per-round `info` into record fields), or None."""
     k = drafts_per_round(drafter, dc)
@@ -128,19 +129,17 @@ def run_eval(cfg, out_dir: Path) -> dict:
     failed start leaves it as it was and the corrected command can use it."""
     out_dir = Path(out_dir)
     device = resolve_device(cfg.device)
-    ev = cfg.eval
-    shard = shards.parse(ev.get("shard"))
-    selected = benchmarks.from_config(cfg.benchmark, ev)
+    ev, dec = EvalConfig.from_cfg(cfg.eval), DecodingConfig.from_cfg(cfg.decoding)
+    shard = shards.parse(ev.shard)
+    selected = benchmarks.from_config(BenchmarkConfig.from_cfg(cfg.benchmark), ev)
     samples = shards.select(selected, shard)            # all of them unless eval.shard=I/N
-    check(ev.check_lossless in (True, False, "auto"),
-          f"eval.check_lossless={ev.check_lossless!r} is not valid; choose one of: auto, true, false")
-    check(not (ev.check_lossless is True and cfg.decoding.protocol != "greedy"),
+    check(not (ev.check_lossless is True and dec.protocol != "greedy"),
           f"eval.check_lossless=true compares outputs token for token and needs greedy decoding (got protocol "
-          f"{cfg.decoding.protocol}); at T>0 losslessness is a distribution-level property (tests/decoding)")
+          f"{dec.protocol}); at T>0 losslessness is a distribution-level property (tests/decoding)")
     target = registry.build_target(cfg.target, device)
     drafter = registry.build_drafter(cfg.drafter, target)
     round_metrics = registry.drafter_entry(cfg.drafter.name).metrics
-    dc = decode_config(cfg.decoding, ev, target)
+    dc = decode_config(dec, ev, target)
     k = drafts_per_round(drafter, dc)
     for s in samples:                   # first turns only: later ones depend on the model's answers
         check_fits(target, s.id, 0, len(target.encode_chat([{"role": "user", "content": s.turns[0]}])), dc, k)

@@ -16,7 +16,6 @@ and experiments/dels_alpha_beta.py reads the directory as it reads a Hydra multi
 from __future__ import annotations
 
 import contextlib
-import math
 from pathlib import Path
 
 import torch
@@ -24,6 +23,7 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from .. import benchmarks, log, registry
+from ..config import BenchmarkConfig, DecodingConfig, EvalConfig, FusionGridConfig
 from ..decoding.engine import drafts_per_round
 from ..drafters.dels import DeLSDrafter
 from ..errors import check
@@ -51,15 +51,14 @@ def cell_name(alpha: float, beta: float) -> str:
     return f"a{alpha:g}_b{beta:g}"
 
 
-def grid_cells(grid) -> list[tuple[float, float]]:
-    """The (alpha, beta) pairs of `replay.fusion_grid`, alpha-major; both lists must be given, without repeats."""
+def grid_cells(grid: FusionGridConfig) -> list[tuple[float, float]]:
+    """The (alpha, beta) pairs of `replay.fusion_grid` (lists of finite numbers, config.py), alpha-major; both lists
+    must be given, without repeats."""
     check(grid.alpha is not None and grid.beta is not None,
           f"replay.fusion_grid needs both lists (alpha={grid.alpha}, beta={grid.beta}), e.g. "
           f"replay.fusion_grid.alpha='[0,0.3]' replay.fusion_grid.beta='[0,0.3]'")
     alphas, betas = list(grid.alpha), list(grid.beta)
     for name, vals in (("alpha", alphas), ("beta", betas)):
-        check(all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vals),
-              f"replay.fusion_grid.{name}={vals} must be a list of finite numbers")
         check(len(set(vals)) == len(vals), f"replay.fusion_grid.{name}={vals} repeats a value")
     alphas, betas = [float(a) for a in alphas], [float(b) for b in betas]
     return [(a, b) for a in alphas for b in betas]
@@ -85,11 +84,12 @@ def grid_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc, near_tie
 
 def run_grid(cfg, out_dir: Path) -> dict:
     """Every cell of `replay.fusion_grid` (module docstring); returns {cell name: summary}."""
-    out_dir, rp, ev = Path(out_dir), replay_settings(cfg), cfg.eval
+    out_dir, rp = Path(out_dir), replay_settings(cfg)
+    ev, dec = EvalConfig.from_cfg(cfg.eval), DecodingConfig.from_cfg(cfg.decoding)
     cells = grid_cells(rp.fusion_grid)
     device = resolve_device(cfg.device)
-    shard = shards.parse(ev.get("shard"))
-    selected = benchmarks.from_config(cfg.benchmark, ev)
+    shard = shards.parse(ev.shard)
+    selected = benchmarks.from_config(BenchmarkConfig.from_cfg(cfg.benchmark), ev)
     samples = shards.select(selected, shard)
     target = registry.build_target(cfg.target, device)
     drafter = registry.build_drafter(cfg.drafter, target)
@@ -97,7 +97,7 @@ def run_grid(cfg, out_dir: Path) -> dict:
           f"replay.fusion_grid needs a drafter with fusion weights (dels_rnn, dels_markov); "
           f"got drafter={cfg.drafter.name}")
     round_metrics = registry.drafter_entry(cfg.drafter.name).metrics
-    dc = decode_config(cfg.decoding, ev, target)
+    dc = decode_config(dec, ev, target)
     refs = build_references(cfg, target, samples, dc)
     if rp.references_only:
         return {}

@@ -28,7 +28,6 @@ with `"mode": "replay"` and 95% CIs, summary.md), without timing fields.
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from .. import benchmarks, files, log, registry
+from ..config import BenchmarkConfig, DecodingConfig, EvalConfig, ReplayConfig
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round
 from ..decoding.tree import follow
 from ..errors import check
@@ -202,24 +202,21 @@ def replay_record(sample, turn: int, gen: Generation, ties: list[int], tf: dict,
     return rec
 
 
-def replay_settings(cfg) -> dict:
-    rp = cfg.replay
-    check(cfg.decoding.protocol == "greedy",
-          f"task=replay needs greedy decoding (got decoding.protocol={cfg.decoding.protocol}): under sampling the "
+def replay_settings(cfg) -> ReplayConfig:
+    """The `replay` group, checked with what replay needs of the rest (greedy decoding, a new export file)."""
+    rp, protocol = ReplayConfig.from_cfg(cfg.replay), DecodingConfig.from_cfg(cfg.decoding).protocol
+    check(protocol == "greedy",
+          f"task=replay needs greedy decoding (got decoding.protocol={protocol}): under sampling the "
           f"output depends on the drafter, so there is no single reference; use task=eval for decoding=sample_a|b")
-    check(isinstance(rp.near_tie, (int, float)) and math.isfinite(rp.near_tie) and rp.near_tie >= 0,
-          f"replay.near_tie={rp.near_tie!r} must be a finite number >= 0 (a top-2 logit gap)")
-    check(isinstance(rp.get("overwrite", False), bool),
-          f"replay.overwrite={rp.get('overwrite')!r} is not valid; expected true or false")
     if rp.export:                       # before the references are computed: a refusal costs nothing
-        files.check_new_file(rp.export, "replay.export", rp.get("overwrite", False), "replay.overwrite")
+        files.check_new_file(rp.export, "replay.export", rp.overwrite, "replay.overwrite")
     return rp
 
 
 def build_references(cfg, target, samples, dc: DecodeConfig) -> ReferenceStore:
     """The reference store of this target and budget, with every selected sample's reference (computed as needed,
     resumably; `replay.references=FILE` imported first; `replay.export=FILE` written after)."""
-    rp = cfg.replay
+    rp = ReplayConfig.from_cfg(cfg.replay)
     store = ReferenceStore(rp.cache_dir, set_fingerprint(target, dc))
     if rp.references:
         store.import_file(rp.references)
@@ -242,7 +239,7 @@ def build_references(cfg, target, samples, dc: DecodeConfig) -> ReferenceStore:
     if todo:
         log.LOG.info(f"references: {len(todo)} decoded in {time.perf_counter() - t0:.0f} s")
     if rp.export:
-        n = store.export(files.check_new_file(rp.export, "replay.export", rp.get("overwrite", False),
+        n = store.export(files.check_new_file(rp.export, "replay.export", rp.overwrite,
                                               "replay.overwrite"), samples)
         log.LOG.info(f"wrote {n} references to {rp.export}")
     return store
@@ -250,7 +247,7 @@ def build_references(cfg, target, samples, dc: DecodeConfig) -> ReferenceStore:
 
 def run_settings(cfg, refs: ReferenceStore) -> dict:
     """Every setting that changes a replay's results (run.json, eval/store.py)."""
-    rp, ev = cfg.replay, cfg.eval
+    rp, ev = ReplayConfig.from_cfg(cfg.replay), EvalConfig.from_cfg(cfg.eval)
     return {
         "mode": "replay", "references": refs.hash,
         "target": target_settings(cfg.target, resolve_device(cfg.device)),
@@ -262,15 +259,15 @@ def run_settings(cfg, refs: ReferenceStore) -> dict:
 
 def tap_file(cfg, refs: ReferenceStore, taps, key: str, turn: int) -> Path | None:
     """Where a turn's teacher-forced taps are kept (None without `replay.tap_cache`)."""
-    rp = cfg.replay
+    rp = ReplayConfig.from_cfg(cfg.replay)
     root = Path(os.path.expanduser(str(rp.tap_cache_dir))) if rp.tap_cache else None
     return _tap_file(root, refs.hash, taps, key, turn) if root is not None else None
 
 
 def grid_requested(cfg) -> bool:
     """Whether `replay.fusion_grid` asks for an alpha/beta grid (task=replay then runs eval/fusion_grid.py)."""
-    g = cfg.replay.get("fusion_grid")
-    return g is not None and (g.get("alpha") is not None or g.get("beta") is not None)
+    g = ReplayConfig.from_cfg(cfg.replay).fusion_grid
+    return g.alpha is not None or g.beta is not None
 
 
 def run_replay(cfg, out_dir) -> dict:
@@ -281,15 +278,15 @@ def run_replay(cfg, out_dir) -> dict:
     rp = replay_settings(cfg)
     check(not grid_requested(cfg), "replay.fusion_grid is set: run it through task=replay (eval/fusion_grid.py "
                                    "run_grid), not run_replay")
-    ev = cfg.eval
+    ev, dec = EvalConfig.from_cfg(cfg.eval), DecodingConfig.from_cfg(cfg.decoding)
     device = resolve_device(cfg.device)
-    shard = shards.parse(ev.get("shard"))
-    selected = benchmarks.from_config(cfg.benchmark, ev)
+    shard = shards.parse(ev.shard)
+    selected = benchmarks.from_config(BenchmarkConfig.from_cfg(cfg.benchmark), ev)
     samples = shards.select(selected, shard)            # all of them unless eval.shard=I/N (references too)
     target = registry.build_target(cfg.target, device)
     drafter = registry.build_drafter(cfg.drafter, target)
     round_metrics = registry.drafter_entry(cfg.drafter.name).metrics
-    dc = decode_config(cfg.decoding, ev, target)
+    dc = decode_config(dec, ev, target)
     refs = build_references(cfg, target, samples, dc)
     if rp.references_only:
         return {}

@@ -7,34 +7,22 @@ summarise through here, so a number means the same whichever task produced it.
 """
 from __future__ import annotations
 
-import math
 import os
 
 from omegaconf import OmegaConf
 
+from ..config import DecodingConfig, EvalConfig
 from ..decoding.engine import DecodeConfig, drafts_per_round
-from ..decoding.verify import PROTOCOLS
-from ..errors import check
 from ..machine import describe
 from ..targets import target_settings
 from . import metrics
 from .store import content_digest
 
 
-def decode_config(decoding, ev, target) -> DecodeConfig:
-    protocol, temp = decoding.protocol, decoding.temperature
-    check(protocol in PROTOCOLS, f"decoding.protocol={protocol!r} is not valid; choose one of: {', '.join(PROTOCOLS)}")
-    check(isinstance(temp, (int, float)) and math.isfinite(temp) and temp >= 0,
-          f"decoding.temperature={temp!r} must be a finite number >= 0")
-    check((protocol == "greedy") == (temp == 0),
-          f"decoding.protocol={protocol} with decoding.temperature={temp}: greedy needs T=0 and protocols A/B "
-          f"need T>0 (use decoding=greedy, decoding=sample_a or decoding=sample_b)")
-    check(isinstance(ev.max_new_tokens, int) and ev.max_new_tokens > 0,
-          f"eval.max_new_tokens={ev.max_new_tokens!r} must be a positive int")
-    cap = ev.get("max_drafts")
-    check(cap is None or isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1,
-          f"eval.max_drafts={cap!r} must be an int >= 1, or null (the drafter's own number of drafts)")
-    return DecodeConfig(protocol, float(temp), ev.max_new_tokens, tuple(target.stop_token_ids), cap)
+def decode_config(decoding: DecodingConfig, ev: EvalConfig, target) -> DecodeConfig:
+    """The engine's settings from the validated `decoding` and `eval` groups (config.py checked their values)."""
+    return DecodeConfig(decoding.protocol, float(decoding.temperature), ev.max_new_tokens,
+                        tuple(target.stop_token_ids), ev.max_drafts)
 
 
 def summarize(records: list[dict], names: list[str], target, drafter, dc: DecodeConfig, round_metrics=None,
@@ -77,10 +65,10 @@ def summarize_records(records: list[dict], names: list[str], header: dict, round
     return {**head, "benchmarks": benches, "macro": macro}
 
 
-def capped(ev) -> dict:
+def capped(ev: EvalConfig) -> dict:
     """`eval.max_drafts` for a run's settings when it is set: absent when null, so that the directories of runs made
     before the key existed still resume."""
-    return {"max_drafts": ev.max_drafts} if ev.get("max_drafts") is not None else {}
+    return {"max_drafts": ev.max_drafts} if ev.max_drafts is not None else {}
 
 
 def run_settings(cfg, device) -> dict:
@@ -88,13 +76,13 @@ def run_settings(cfg, device) -> dict:
     Not here: benchmark names, source, data_dir, num_samples and shuffle_seed, which only select samples (the
     store compares the selected samples and their prompt text instead), and progress/logger/warmup."""
     container = OmegaConf.to_container
-    drafter = container(cfg.drafter, resolve=True)
+    drafter, ev = container(cfg.drafter, resolve=True), EvalConfig.from_cfg(cfg.eval)
     return {
         "target": target_settings(cfg.target, device), "drafter": drafter,
         "checkpoint_content": checkpoint_digests(drafter),
         "decoding": container(cfg.decoding, resolve=True),
-        "eval": {k: cfg.eval.get(k) for k in ("max_new_tokens", "run_ar", "check_lossless", "near_tie", "save_text")}
-        | capped(cfg.eval),
+        "eval": {k: getattr(ev, k) for k in ("max_new_tokens", "run_ar", "check_lossless", "near_tie", "save_text")}
+        | capped(ev),
         "seed": cfg.seed, "device": device.type, "cpu_threads": cfg.get("cpu_threads"),
     }
 

@@ -110,8 +110,8 @@ def head_plan(ctx) -> TrainPlan:
     block = head_block_size(d, target)
     check(block >= 2, f"drafter.head.train.block_size={block} must be at least 2")
     recipe = {**OmegaConf.to_container(ht, resolve=True), "block_size": block,
-              **{k: tc[k] for k in ("lr", "warmup_ratio", "weight_decay", "grad_clip", "max_steps", "accumulate",
-                                    "precision", "seed")}}
+              **{k: getattr(tc, k) for k in ("lr", "warmup_ratio", "weight_decay", "grad_clip", "max_steps",
+                                             "accumulate", "precision", "seed")}}
     counts = count_assistant_tokens(ctx.seqs, target.vocab_size)
 
     def module():

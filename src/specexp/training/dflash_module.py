@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from .. import checkpoints as ckpt
+from ..config import TrainConfig
 from ..drafters.dflash import (
     DecoderLayer,
     DFlashConfig,
@@ -90,7 +90,7 @@ def train_recipe(train) -> dict:
     """The `train` keys that change the trained weights (the stage hash); export, logging and eval do not.
     `num_nodes` counts at any value but 1 (it multiplies the ranks) and `data_tokens` at any value but null, so
     stages named before they existed keep their names."""
-    recipe = {k: v for k, v in OmegaConf.to_container(train, resolve=True).items() if k not in RESULT_FREE_TRAIN_KEYS}
+    recipe = {k: v for k, v in TrainConfig.of(train).to_dict().items() if k not in RESULT_FREE_TRAIN_KEYS}
     if recipe.get("num_nodes") == 1:
         del recipe["num_nodes"]
     if recipe.get("data_tokens", 0) is None:

@@ -83,9 +83,9 @@ def _environment():
 
 def placement(device: str, train) -> Placement:
     """The placement of a training run (module docstring); a combination that cannot run is one `UserError` line,
-    raised before anything is built. The value ranges themselves are `config.RULES`."""
+    raised before anything is built. The value ranges themselves are `config.TrainConfig`'s rules."""
     dev = resolve_device(device)
-    strategy, devices, nodes = train.strategy, train.devices, int(train.get("num_nodes", 1))
+    strategy, devices, nodes = train.strategy, train.devices, int(train.num_nodes)
     if not isinstance(devices, (int, str)):
         devices = [int(i) for i in devices]                      # an OmegaConf ListConfig
     local = _environment().local_rank()

@@ -125,7 +125,7 @@ def plan(ctx) -> TrainPlan:
     backbone = DFlashDraftModel.from_pretrained(bpath, dtype=target.dtype, device=target.device)
     c = domino.DominoConfig(target.hidden_size, target.vocab_size, d.head.gru_hidden, d.head.emb_dim, d.head.alignment)
     recipe = {**OmegaConf.to_container(ht, resolve=True),
-              **{k: tc[k] for k in ("lr", "warmup_ratio", "weight_decay", "max_steps", "accumulate", "seed")}}
+              **{k: getattr(tc, k) for k in ("lr", "warmup_ratio", "weight_decay", "max_steps", "accumulate", "seed")}}
 
     def module():
         with torch.random.fork_rng():

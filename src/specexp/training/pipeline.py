@@ -35,6 +35,7 @@ import torch
 from omegaconf import OmegaConf
 
 from .. import log, registry
+from ..config import DataConfig, TrainConfig
 from ..errors import check
 from ..eval.store import claimed_for
 from ..files import replace_atomic, write_json, write_text_atomic
@@ -67,11 +68,12 @@ def stage_lock(stage: Path):
 
 
 def prepare_sequences(data, target_cfg, target, stages: Path) -> tuple[list[D.Sequence], str]:
-    """Training sequences of the `data` config (regenerated and/or corpus answers) and a hash of their tokens
+    """Training sequences of the `data` group (regenerated and/or corpus answers) and a hash of their tokens
     (with `data.source=hub`, of the data set's id, revision and options too)."""
-    hub = D.hub_spec(OmegaConf.to_container(data.hub, resolve=True)) if data.get("source") == "hub" else None
+    data = DataConfig.of(data)
+    hub = D.hub_spec(data.hub.to_dict()) if data.source == "hub" else None
     if hub is None:
-        convs = D.load_corpus(list(data.corpus), data.max_samples, data.shuffle_seed, data.get("corpus_dir"))
+        convs = D.load_corpus(list(data.corpus), data.max_samples, data.shuffle_seed, data.corpus_dir)
     else:
         convs = D.load_hub(hub, data.max_samples, data.shuffle_seed)
     seqs = []
@@ -79,16 +81,16 @@ def prepare_sequences(data, target_cfg, target, stages: Path) -> tuple[list[D.Se
         r = data.regen
         payload = {"target": target_fingerprint(target_cfg, target), "corpus": list(data.corpus),
                    "max_samples": data.max_samples, "seed": data.shuffle_seed,
-                   "regen": OmegaConf.to_container(r, resolve=True), **({"hub": hub} if hub else {})}
-        if data.get("corpus_dir"):          # other files under the same corpus names: their prompts key the stage
+                   "regen": r.to_dict(), **({"hub": hub} if hub else {})}
+        if data.corpus_dir:          # other files under the same corpus names: their prompts key the stage
             payload["prompts"] = D.digest([[c.id, c.user] for c in convs])
         stage = stage_dir(stages, "regen", payload)
         out = stage / "regen.jsonl"
         with stage_lock(stage):             # ranks started together build it once (stage_lock)
             if not (stage / "DONE").exists():
                 t0 = time.perf_counter()
-                if data.get("regen_import"):
-                    n = D.import_regen(data.regen_import, target, convs, out, OmegaConf.to_container(r, resolve=True))
+                if data.regen_import:
+                    n = D.import_regen(data.regen_import, target, convs, out, r.to_dict())
                     log.LOG.info(f"{n} responses imported from {data.regen_import}")
                 D.regenerate(target, convs, out, r.batch_size, r.max_new_tokens, r.temperature, r.top_p, r.top_k,
                              data.shuffle_seed, data.max_length)
@@ -97,7 +99,7 @@ def prepare_sequences(data, target_cfg, target, stages: Path) -> tuple[list[D.Se
                                             "response_tokens": sum(len(x["response_ids"]) for x in lines),
                                             "stopped": sum(x["stopped"] for x in lines)})
             log.LOG.info(f"regenerated data {stage} {json.loads((stage / 'DONE').read_text())}")
-            if data.get("regen_export"):
+            if data.regen_export:
                 prov = {"target_source": target.source, "target": payload["target"],
                         "regen": payload["regen"], "corpus": payload["corpus"], "max_samples": data.max_samples}
                 log.LOG.info(f"packed {D.export_regen(out, Path(data.regen_export), prov)} into {data.regen_export}")
@@ -134,8 +136,8 @@ class TrainContext:
     seqs: list[D.Sequence]
     data_hash: str
     drafter: object               # the `drafter` group (checkpoint defaults filled in)
-    train: object                 # the `train` group
-    data: object                  # the `data` group
+    train: TrainConfig            # the `train` group (its typed view)
+    data: DataConfig              # the `data` group (its typed view)
     fusion: object                # the `fusion` group (DeLS learned weights start from it)
     stages: Path
     subset: dict | None = None    # train.data_tokens: `seqs` is that nested subset ({data_tokens, seed}), else None
@@ -235,7 +237,8 @@ def lightning_fit(train, logger, module, dataset, run_dir: Path, device: torch.d
 
     from .resume import EpochSampler, ResumeState, last_checkpoint  # exact resume: data order and generators
 
-    tc, sampler = train, EpochSampler(len(dataset), train.seed)
+    tc = TrainConfig.of(train)
+    sampler = EpochSampler(len(dataset), tc.seed)
     loader = torch.utils.data.DataLoader(dataset, batch_size=1, sampler=sampler, collate_fn=lambda xs: xs[0],
                                          generator=torch.Generator())
     loggers = [CSVLogger(str(run_dir), name="logs")]   # a resumed run logs to the next version_N, keeping the old
@@ -250,7 +253,7 @@ def lightning_fit(train, logger, module, dataset, run_dir: Path, device: torch.d
     ckpt_dir = run_dir / "checkpoints"
     trainer = L.Trainer(
         accelerator=p.accelerator, devices=p.devices, num_nodes=p.num_nodes,
-        strategy=make_strategy(p, tc.get("fsdp"), wrap), use_distributed_sampler=False,   # the sampler shards itself
+        strategy=make_strategy(p, tc.fsdp, wrap), use_distributed_sampler=False,   # the sampler shards itself
         precision=precision, max_epochs=tc.epochs if epochs is None else epochs, max_steps=tc.max_steps,
         gradient_clip_val=tc.grad_clip, accumulate_grad_batches=tc.accumulate, logger=loggers,
         log_every_n_steps=tc.log_every,
@@ -314,15 +317,18 @@ def context(cfg, device: torch.device | None = None, lean: bool = False) -> Trai
     layers, for training that reads tokens alone) and the sequences from the root config, once."""
     target = registry.build_target(cfg.target, device or resolve_device(cfg.device), lean=lean)
     stages = cache_root(cfg.paths.cache) / "stages"
-    seqs, data_hash = prepare_sequences(cfg.data, cfg.target, target, stages)
-    return TrainContext(target, cfg.target, seqs, data_hash, cfg.drafter, cfg.train, cfg.data, cfg.fusion, stages)
+    data = DataConfig.from_cfg(cfg.data)
+    seqs, data_hash = prepare_sequences(data, cfg.target, target, stages)
+    return TrainContext(target, cfg.target, seqs, data_hash, cfg.drafter, TrainConfig.from_cfg(cfg.train), data,
+                        cfg.fusion, stages)
 
 
 def run_train(cfg, out_dir) -> dict:
     """`task=train drafter=NAME`: the drafter's plan through the shared sequence (module docstring). The run
     directory is claimed as every task's is (eval/store.py: busy or holding another run's results -> refused) by
     the launch's rank 0; the other ranks write nothing there."""
-    where = placement(cfg.device, cfg.train)         # before anything is built: a run that cannot be placed is one line
+    # before anything is built: a run that cannot be placed is one line
+    where = placement(cfg.device, TrainConfig.from_cfg(cfg.train))
     if where.launch_rank != 0:
         return _train(cfg, Path(out_dir), where)
     with claimed_for(out_dir, "train") as d:
@@ -359,7 +365,7 @@ def data_subset(ctx: TrainContext) -> tuple[TrainContext, dict, dict]:
     the plan (so features are computed for the subset alone). Returns the context to train on, what the subset adds
     to the stage's name, and the whole data's size for the card (both empty without a budget)."""
     tc = ctx.train
-    if tc.get("data_tokens") is None:
+    if tc.data_tokens is None:
         return ctx, {}, {}
     idx = D.token_subset(ctx.seqs, int(tc.data_tokens), tc.seed)
     subset = {"data_tokens": int(tc.data_tokens)}
@@ -436,7 +442,7 @@ def make_card(ctx: TrainContext, plan: TrainPlan, result: dict, run_dir: Path, f
             **whole,
             "target": ctx.target.name,
             "target_parts": "embedding and lm_head only" if lean else "whole",
-            "target_source": ctx.target.source, "train": OmegaConf.to_container(tc, resolve=True),
+            "target_source": ctx.target.source, "train": tc.to_dict(),
             "run_dir": str(run_dir), "checkpoint": str(final.resolve())}
 
 
