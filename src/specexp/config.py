@@ -42,6 +42,7 @@ from .schema import (
     MAX_STEPS,
     MAX_TOKENS,
     MAX_WIDTH,
+    FusionConfig,
     Settings,
     check,
     choice,
@@ -81,10 +82,6 @@ def _dirs(v):
     return isinstance(v, list) and all(isinstance(x, str) and x for x in v)
 
 
-def _fusion_weight(v):
-    return v == "learned" or is_num()(v) or (isinstance(v, list) and len(v) > 0 and all(is_num()(x) for x in v))
-
-
 def _num_list(v):
     return v is None or isinstance(v, list) and len(v) > 0 and all(is_num()(x) for x in v)
 
@@ -112,7 +109,6 @@ def _corpus_dir(v):
 FSDP_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")     # Lightning's FSDPStrategy names
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", 32, 16, 64, "32", "16", "bf16")
 NAMES = "a hub branch, tag or commit, or null"
-FUSION_WEIGHT = "a finite number, a list of them, or 'learned'"
 GRID = "null or a non-empty list of finite numbers, e.g. '[0,0.1,0.2]'"
 
 
@@ -168,16 +164,6 @@ class TargetConfig(Settings):
     max_context: int = setting(4096, *_ints(2, MAX_TOKENS))
     init_std: float = 0.1
     seed: int = 0
-
-
-@frozen
-class FusionConfig(Settings):
-    """`fusion`: the DeLS fusion weights and the fused kernel's choices (read by DeLS and Domino-FT)."""
-    KEY = "fusion"
-    alpha: Any = setting(0.3, _fusion_weight, FUSION_WEIGHT)
-    beta: Any = setting(0.3, _fusion_weight, FUSION_WEIGHT)
-    kernel: str = choice("auto", "triton", "torch")
-    cuda_graph: Any = choice("auto", True, False)
 
 
 @frozen

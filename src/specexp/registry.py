@@ -171,7 +171,9 @@ def fill_default_checkpoints(drafter_cfg, target_name: str):
     defaults = entry.checkpoints.get(target_name, {})
     if not defaults:
         return drafter_cfg
-    out = OmegaConf.create(OmegaConf.to_container(drafter_cfg, resolve=True))
+    plain = drafter_cfg.to_dict() if isinstance(drafter_cfg, Settings) else OmegaConf.to_container(drafter_cfg,
+                                                                                                      resolve=True)
+    out = OmegaConf.create(plain)
     for key, value in defaults.items():
         if OmegaConf.select(out, key, default="<absent>") is None:
             OmegaConf.update(out, key, value, merge=False)
@@ -197,6 +199,13 @@ def train_tokens_only(drafter_cfg) -> bool:
     """Whether `task=train` of this drafter config reads tokens alone (so the target loads lean)."""
     entry = drafter_entry(drafter_cfg.name)
     return entry.tokens_only is not None and bool(entry.tokens_only(drafter_cfg))
+
+
+def drafter_view(cfg):
+    """The `drafter` group as its entry's settings view (checked, frozen); the group itself for a plugin without
+    settings."""
+    entry = drafter_entry(cfg.name)
+    return cfg if entry.settings is None else entry.settings.of(cfg)
 
 
 def build_drafter(cfg, target):

@@ -237,7 +237,7 @@ def check(values: dict, cls, path: str = "", unknown=None) -> None:
             continue
         sub = nested(hints[k])
         if sub is not None and isinstance(v, dict):
-            check(v, sub, key, unknown)
+            check(v, sub, sub.KEY or key, unknown)       # a group's own KEY: drafter.fusion is `fusion` (${fusion})
         elif sub is not None and v is not None and not _accepts(hints[k], v):
             raise UserError(f"{key}={_fmt(v)} must be a mapping with keys: {', '.join(key_tree(sub))}")
         elif not _accepts(hints[k], v):
@@ -264,3 +264,23 @@ def target_layers(target: dict) -> int | None:
 def frozen(cls):
     """`@frozen` = a frozen dataclass, keyword-only, that is a Settings group."""
     return dataclass(frozen=True, kw_only=True)(cls)
+
+
+# ------------------------------------------------------------------------------------------- a shared group
+def _fusion_weight(v):
+    return v == "learned" or is_num()(v) or (isinstance(v, list) and len(v) > 0 and all(is_num()(x) for x in v))
+
+
+FUSION_WEIGHT = "a finite number, a list of them, or 'learned'"
+
+
+@frozen
+class FusionConfig(Settings):
+    """`fusion`: the DeLS fusion weights and the fused kernel's choices. The one group that lives here, not in
+    config.py: the drafters that read it (DeLS, Domino-FT: `drafter.fusion: ${fusion}`) declare it in their
+    settings, and they may not import config.py (it sits above them)."""
+    KEY = "fusion"
+    alpha: typing.Any = setting(0.3, _fusion_weight, FUSION_WEIGHT)
+    beta: typing.Any = setting(0.3, _fusion_weight, FUSION_WEIGHT)
+    kernel: str = choice("auto", "triton", "torch")
+    cuda_graph: typing.Any = choice("auto", True, False)

@@ -149,7 +149,7 @@ def test_protocol_b_through_the_triton_kernel_keeps_the_target_distribution():
 def test_bad_fusion_weights_and_heads_are_one_line_errors(cfg_factory, tiny_target, tmp_path):
     t = tiny_target
     cases = {
-        "fusion.alpha=nan": "fusion.alpha=nan is not a finite number",
+        "fusion.alpha=nan": "^fusion.alpha=nan is not valid; expected a finite number",
         "fusion.beta=[0.1,0.2]": "expected a number or a list of 14",
         "fusion.kernel=cuda": "fusion.kernel",
         "drafter.head.init=checkpoint": "needs drafter.head.checkpoint",

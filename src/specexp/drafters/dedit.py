@@ -29,12 +29,13 @@ from statistics import fmean
 import torch
 
 from ..errors import check, one_of
-from ..schema import MAX_BLOCK, Settings, frozen, is_int, null_or, setting, upto
+from ..schema import MAX_BLOCK, Settings, choice, frozen, is_int, is_num, null_or, setting, upto
 from . import dflash
 from .base import OnBackbone, Proposal, Sampling
 
 RULES = ("argmax", "threshold", "low_confidence")
 EDITORS = ("bidirectional", "causal")
+MIXES = ("confidence_threshold", "confidence_sample", "plain")     # ProposalMix inputs of the editing loss
 
 
 # ------------------------------------------------------------------------------------------- settings
@@ -44,19 +45,19 @@ class EditSettings(Settings):
     passes: int = setting(2, is_int(0, MAX_BLOCK), f"an int >= 0; {upto(MAX_BLOCK)}")
     window: int | None = setting(None, null_or(is_int(1, MAX_BLOCK)), f"an int >= 1, or null; {upto(MAX_BLOCK)}")
     verify: int | None = setting(None, null_or(is_int(1, MAX_BLOCK)), f"an int >= 1, or null; {upto(MAX_BLOCK)}")
-    rule: str = "argmax"
+    rule: str = choice(*RULES)
     threshold: float = 0.5
     confidence: float = 0.9
-    editor: str = "bidirectional"
+    editor: str = choice(*EDITORS)
     early_stop: bool = True
 
 
 @frozen
 class TrainEditSettings(Settings):
     """`drafter.train_edit`: the editing loss of task=train drafter=dedit."""
-    mix: str = "confidence_sample"
-    mix_threshold: float = 0.5
-    plain_rate: float = 0.5
+    mix: str = choice("confidence_sample", "confidence_threshold", "plain")
+    mix_threshold: float = setting(0.5, is_num(0, 1), "a probability in [0, 1]")
+    plain_rate: float = setting(0.5, is_num(0, 1), "a probability in [0, 1]")
     edit_weight: float = 1.0
 
 
@@ -203,9 +204,10 @@ def build(cfg, target) -> DEditDrafter:
     """`drafter=dedit`: the DFlash backbone as `drafter=dflash` builds it (init random / checkpoint), with the
     drafting and editing options of `drafter.edit`. The backbone must be unshifted: an edit pass reads the block's
     rows 1..W as drafts 1..W."""
+    cfg = DEditSettings.of(cfg)
     e = cfg.edit
     backbone = dflash.build(cfg, target)
-    check(backbone.first_row == 1, f"drafter.checkpoint={str(cfg.get('checkpoint'))!r}: a shifted (DSpark-format) "
+    check(backbone.first_row == 1, f"drafter.checkpoint={str(cfg.checkpoint)!r}: a shifted (DSpark-format) "
                                    "DFlash drafter; drafter=dedit needs an unshifted z-lab-format one")
     return DEditDrafter(backbone, e.passes, e.window, e.verify, e.rule, e.threshold, e.confidence, e.editor,
                         e.early_stop)

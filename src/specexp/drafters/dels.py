@@ -28,7 +28,6 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn as nn
@@ -43,6 +42,7 @@ from ..schema import (
     MAX_BLOCK,
     MAX_STEPS,
     MAX_WIDTH,
+    FusionConfig,
     Settings,
     choice,
     frozen,
@@ -52,7 +52,7 @@ from ..schema import (
     upto,
 )
 from . import dflash
-from .head_loop import SequentialDrafter, check_fusion_options, gru_step, matvec, random_init
+from .head_loop import SequentialDrafter, gru_step, matvec, random_init
 from .head_loop import head_init as resolve_head_init
 
 WEIGHTS_FILE, PRIOR_FILE = ckpt.WEIGHTS_FILE, "log_prior.safetensors"
@@ -98,7 +98,7 @@ class DeLSSettings(dflash.DFlashSettings):
     name: str = "dels_rnn"
     head: DeLSHeadSettings = setting(factory=DeLSHeadSettings)
     prior: PriorSettings = setting(factory=PriorSettings)
-    fusion: Any = None
+    fusion: FusionConfig = setting(factory=FusionConfig)
 
 
 @dataclass
@@ -427,6 +427,8 @@ def random_prior(vocab_size: int, seed: int) -> torch.Tensor:
 
 
 def head_config(cfg, target) -> LocalHeadConfig:
+    """The architecture of a new head for `target` from the drafter's settings (DeLSSettings or its group)."""
+    cfg = DeLSSettings.of(cfg)
     h = cfg.head
     kind = {"dels_rnn": "rnn", "dels_markov": "markov"}[cfg.name]
     return LocalHeadConfig(kind, target.hidden_size, target.vocab_size, h.input_rank, h.gru_hidden, h.output_rank,
@@ -437,17 +439,17 @@ def build(cfg, target) -> DeLSDrafter:
     """From the `drafter` config group (dels_rnn / dels_markov): the DFlash backbone exactly as `drafter=dflash`
     builds it (`init`), the local head and its prior by `head.init` (auto = random with a random backbone,
     else the head checkpoint, which must then be set), fusion weights from `fusion`."""
+    cfg = DeLSSettings.of(cfg)
     fu = cfg.fusion
-    check_fusion_options(fu)
     head_init = resolve_head_init(cfg, target, "DeLS", f"task=train drafter={cfg.name}")
-    head_ckpt = cfg.head.get("checkpoint")
+    head_ckpt = cfg.head.checkpoint
     backbone = dflash.build(cfg, target)
     if head_init == "random":
         head = random_head(head_config(cfg, target), cfg.seed, cfg.head.init_std)
         log_prior = log_prior_from_counts(random_prior(target.vocab_size, cfg.seed), cfg.prior.smoothing)
     else:
         where = f"drafter.head.checkpoint={str(head_ckpt)!r}"
-        path = resolve_head(str(head_ckpt), cfg.head.get("revision"), where)
+        path = resolve_head(str(head_ckpt), cfg.head.revision, where)
         release = is_release(path)
         if release:
             head, log_prior = load_release(path, target.hidden_size, target.vocab_size, cfg.prior.smoothing, where)

@@ -75,10 +75,11 @@ class DFlashSettings(Settings):
         if n is not None and isinstance(ids, list) and any(i >= n for i in ids):
             raise UserError(f"drafter.target_layer_ids={ids} out of range for target {target.get('name')} (layers "
                             f"0..{n - 1})")
-        # a local checkpoint's config.json and weight index are read now, so a malformed one is refused before the
-        # target is loaded (its tensors are checked when the drafter loads); a hub id, or absent: the loader says
+        # config.validate (`whole` given): a local checkpoint's config.json and weight index are read now, so a
+        # malformed one is refused before the target is loaded (its tensors are checked when the drafter loads); a
+        # hub id, or absent: the loader says. A view built later (`build`) leaves them to the loader.
         ckpt_dir = mine.get("checkpoint")
-        if mine.get("init") != "random" and isinstance(ckpt_dir, str) and repo_path(ckpt_dir).is_dir():
+        if whole and mine.get("init") != "random" and isinstance(ckpt_dir, str) and repo_path(ckpt_dir).is_dir():
             where = f"drafter.checkpoint={ckpt_dir!r}"
             DFlashConfig.from_dict(ckpt.read_config(repo_path(ckpt_dir), where), f"{where}: config.json")
             ckpt.weight_files(repo_path(ckpt_dir), where)
@@ -538,16 +539,17 @@ def build(cfg, target, path: Path | None = None, raw: dict | None = None) -> DFl
     """From the `drafter` config group: `init=random` (sized to the target), `init=checkpoint`, or
     `init=auto` (the checkpoint when one is set, else random). `path`, `raw`: the checkpoint's directory and
     config.json when the caller has already resolved and read them (Domino looks at it first)."""
-    init = ckpt.resolve_init(cfg.init, cfg.get("checkpoint"))
+    cfg = DFlashSettings.of(cfg)
+    init = ckpt.resolve_init(cfg.init, cfg.checkpoint)
     if init == "random" and cfg.init == "auto":
         log.LOG.info(f"no DFlash checkpoint for target {target.name}: using a random-init drafter "
                      f"(τ ≈ 1); pass drafter.checkpoint=DIR for a trained one")
     if init == "random":
-        config = DFlashConfig.for_target(target, cfg.num_layers, cfg.block_size, cfg.get("target_layer_ids"))
+        config = DFlashConfig.for_target(target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids)
         check_fits(config, target, "drafter")            # tap ids vs a target whose size the config did not tell
         model = init_weights(DFlashDraftModel(config), cfg.seed)
     else:
-        path = ckpt.resolve(str(cfg.checkpoint), cfg.get("revision")) if path is None else path
+        path = ckpt.resolve(str(cfg.checkpoint), cfg.revision) if path is None else path
         where = f"drafter.checkpoint={str(cfg.checkpoint)!r}"
         model = load_model(path, where, raw)
         check_fits(model.config, target, where)

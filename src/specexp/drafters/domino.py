@@ -19,10 +19,8 @@ Checkpoint (a directory): config.json + model.safetensors (`prefix_gru.*`, `embe
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,9 +28,21 @@ from torch import nn
 
 from .. import checkpoints as ckpt
 from ..errors import UserError, check, one_of
-from ..schema import MAX_BATCH, MAX_STEPS, MAX_WIDTH, Settings, choice, frozen, is_int, setting, upto
+from ..schema import (
+    MAX_BATCH,
+    MAX_STEPS,
+    MAX_WIDTH,
+    FusionConfig,
+    Settings,
+    choice,
+    frozen,
+    is_int,
+    is_num,
+    setting,
+    upto,
+)
 from . import dflash
-from .head_loop import SequentialDrafter, check_fusion_options, gru_step, matvec, random_init
+from .head_loop import SequentialDrafter, gru_step, matvec, random_init
 from .head_loop import head_init as resolve_head_init
 
 WEIGHTS_FILE = ckpt.WEIGHTS_FILE
@@ -56,8 +66,8 @@ class DominoHeadSettings(Settings):
     checkpoint: str | None = None
     gru_hidden: int = setting(1024, is_int(1, MAX_WIDTH), f"an int >= 1; {upto(MAX_WIDTH)}")
     emb_dim: int = 256
-    guidance: float = 1.0
-    alignment: str = "unshifted"
+    guidance: float = setting(1.0, is_num(), "a finite number (the weight of the correction)")
+    alignment: str = choice(*ALIGNMENTS)
     init_std: float = 0.02
     train: DominoTrainSettings = setting(factory=DominoTrainSettings)
 
@@ -67,7 +77,7 @@ class DominoSettings(dflash.DFlashSettings):
     """The keys of `drafter=domino_ft`: DFlash's, the prefix-GRU head's and `fusion` (its kernel choices)."""
     name: str = "domino_ft"
     head: DominoHeadSettings = setting(factory=DominoHeadSettings)
-    fusion: Any = None
+    fusion: FusionConfig = setting(factory=FusionConfig)
 
 
 @dataclass
@@ -231,16 +241,13 @@ def random_head(c: DominoConfig, seed: int, std: float) -> DominoHead:
 def build(cfg, target) -> DominoDrafter:
     """`drafter=domino_ft`: the DFlash backbone as drafter=dflash builds it + the Domino head (`head.init` as
     for the DeLS heads: random with a random backbone, else the head checkpoint, which must then be set)."""
+    cfg = DominoSettings.of(cfg)
     h = cfg.head
-    one_of("drafter.head.alignment", h.alignment, ALIGNMENTS)
-    check_fusion_options(cfg.fusion)
-    check(isinstance(h.guidance, (int, float)) and math.isfinite(h.guidance),
-          f"drafter.head.guidance={h.guidance!r} is not a finite number")
-    ckpt_dir = h.get("checkpoint")
+    ckpt_dir = h.checkpoint
     path = raw = None
-    if cfg.init != "random" and cfg.get("checkpoint") and not ckpt_dir:          # a released Domino drafter?
+    if cfg.init != "random" and cfg.checkpoint and not ckpt_dir:          # a released Domino drafter?
         where = f"drafter.checkpoint={str(cfg.checkpoint)!r}"
-        path = ckpt.resolve(str(cfg.checkpoint), cfg.get("revision"))
+        path = ckpt.resolve(str(cfg.checkpoint), cfg.revision)
         raw = ckpt.read_config(path, where)
         if is_release(raw):
             model, head = load_release(path, where, raw)
@@ -265,7 +272,7 @@ def build(cfg, target) -> DominoDrafter:
         check(c.alignment == h.alignment, f"{where}: trained with alignment {c.alignment}, drafter.head.alignment="
                                           f"{h.alignment}")
     check(backbone.first_row == 1 or c.alignment == "shifted",
-          f"drafter.checkpoint={str(cfg.get('checkpoint'))!r}: a shifted (DSpark-format) DFlash backbone needs a "
+          f"drafter.checkpoint={str(cfg.checkpoint)!r}: a shifted (DSpark-format) DFlash backbone needs a "
           f"head with alignment shifted, not {c.alignment}")
     return DominoDrafter(backbone, head, target.embed_tokens.weight, h.guidance, cfg.fusion.kernel,
                          cfg.fusion.cuda_graph)

@@ -585,13 +585,14 @@ def resolve_eagle3(path_or_id: str, revision: str | None = None) -> Path:
 def build(cfg, target) -> Eagle3Drafter:
     """From the `drafter` config group: `init=random` (sized to the target), `init=checkpoint`, or `init=auto`
     (the checkpoint when one is set, else random)."""
-    init = ckpt.resolve_init(cfg.init, cfg.get("checkpoint"))
+    cfg = Eagle3Settings.of(cfg)
+    init = ckpt.resolve_init(cfg.init, cfg.checkpoint)
     if init == "random" and cfg.init == "auto":
         log.LOG.info(f"no EAGLE-3 checkpoint for target {target.name}: using a random-init drafter (τ ≈ 1); "
                      "pass drafter.checkpoint=DIR for a trained one")
-    taps = cfg.get("tap_layers")
+    taps = cfg.tap_layers
     if init == "random":
-        model = Eagle3DraftModel(Eagle3Config.for_target(target, cfg.get("draft_vocab_size"), taps))
+        model = Eagle3DraftModel(Eagle3Config.for_target(target, cfg.draft_vocab_size, taps))
         init_weights(model, cfg.seed)
         if model.config.draft_vocab_size < target.vocab_size:         # a seeded subset of the target vocabulary
             g = torch.Generator().manual_seed(cfg.seed)
@@ -600,10 +601,9 @@ def build(cfg, target) -> Eagle3Drafter:
         where = "drafter"
     else:
         where = f"drafter.checkpoint={str(cfg.checkpoint)!r}"
-        model = Eagle3DraftModel.from_pretrained(resolve_eagle3(str(cfg.checkpoint), cfg.get("revision")), where)
+        model = Eagle3DraftModel.from_pretrained(resolve_eagle3(str(cfg.checkpoint), cfg.revision), where)
     taps = list(taps or model.config.tap_layers or default_tap_layers(target.num_layers))
     check_fits(model, target, taps, where)
     model = model.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)   # d2t stays int64
-    tree = cfg.get("tree") or {}
-    return Eagle3Drafter(model, target, cfg.get("mode", "chain"), cfg.get("num_drafts", 7), tree.get("top_k", 10),
-                         tree.get("depth", 7), tree.get("total_tokens", 60), taps)
+    tree = cfg.tree
+    return Eagle3Drafter(model, target, cfg.mode, cfg.num_drafts, tree.top_k, tree.depth, tree.total_tokens, taps)

@@ -19,15 +19,9 @@ from __future__ import annotations
 import torch
 
 from ..checkpoints import resolve_init
-from ..errors import check, one_of
-from ..kernels.fusion import BACKENDS, TritonFusion, fuse_torch, fused_logits, gumbel, pick_backend
+from ..errors import check
+from ..kernels.fusion import TritonFusion, fuse_torch, fused_logits, gumbel, pick_backend
 from .base import LazyDist, OnBackbone, Proposal, Sampling, sequence_at
-
-
-def check_fusion_options(fusion) -> None:
-    """The `fusion` group's kernel choices, shared by every drafter built on this loop."""
-    one_of("fusion.kernel", fusion.kernel, BACKENDS)
-    one_of("fusion.cuda_graph", fusion.cuda_graph, ("auto", True, False))
 
 
 def random_init(module: torch.nn.Module, seed: int, std: float) -> torch.nn.Module:
@@ -61,10 +55,10 @@ def head_init(cfg, target, what: str, train_cmd: str) -> str:
     """`drafter.head.init` resolved to random | checkpoint. auto = random next to a random DFlash backbone (tests,
     smoke runs), else the head checkpoint, which must then be set: a random head beside a trained backbone would
     measure nothing, so that is an error rather than a silent default."""
-    init, head = cfg.head.init, cfg.head.get("checkpoint")
+    init, head = cfg.head.init, cfg.head.checkpoint
     if init != "auto":
         return resolve_init(init, head, "drafter.head", f"(train one with {train_cmd})")
-    random_backbone = resolve_init(cfg.init, cfg.get("checkpoint")) == "random"
+    random_backbone = resolve_init(cfg.init, cfg.checkpoint) == "random"
     check(bool(head) or random_backbone,
           f"no {what} head for target {target.name}: train one with {train_cmd} and pass "
           f"drafter.head.checkpoint=DIR (drafter.head.init=random runs a random head: τ then means nothing)")

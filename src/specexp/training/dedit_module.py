@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from ..drafters.dedit import EDITORS
-from ..errors import check, one_of
+from ..drafters.dedit import DEditSettings
 from .anchors import build_blocks, dense_mask, flex_mask, leading_correct, sample_anchors
 from .dflash_module import DFlashLitModule, backbone_plan
 from .losses import chunked_ce
 from .optim import step_generator
-
-MIXES = ("confidence_threshold", "confidence_sample", "plain")
 
 
 class DEditLitModule(DFlashLitModule):
@@ -88,12 +85,9 @@ class DEditLitModule(DFlashLitModule):
 
 
 def edit_recipe(drafter) -> dict:
-    """DEdit's training options (`drafter.train_edit`, validated; the editor mask is the one it will draft with)."""
-    t = drafter.train_edit
-    one_of("drafter.train_edit.mix", t.mix, MIXES)
-    one_of("drafter.edit.editor", drafter.edit.editor, EDITORS)
-    for name in ("mix_threshold", "plain_rate"):
-        check(0.0 <= t[name] <= 1.0, f"drafter.train_edit.{name}={t[name]!r}: expected a probability in [0, 1]")
+    """DEdit's training options (`drafter.train_edit`, checked by DEditSettings; the editor mask is the one it will
+    draft with)."""
+    t = DEditSettings.of(drafter).train_edit
     return {"mix": t.mix, "mix_threshold": float(t.mix_threshold), "plain_rate": float(t.plain_rate),
             "edit_weight": float(t.edit_weight), "editor": drafter.edit.editor}
 

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from .. import checkpoints as ckpt
 from .. import log
@@ -109,7 +108,7 @@ def head_plan(ctx) -> TrainPlan:
     ht = d.head.train
     block = head_block_size(d, target)
     check(block >= 2, f"drafter.head.train.block_size={block} must be at least 2")
-    recipe = {**OmegaConf.to_container(ht, resolve=True), "block_size": block,
+    recipe = {**ht.to_dict(), "block_size": block,
               **{k: getattr(tc, k) for k in ("lr", "warmup_ratio", "weight_decay", "grad_clip", "max_steps",
                                              "accumulate", "precision", "seed")}}
     counts = count_assistant_tokens(ctx.seqs, target.vocab_size)
@@ -236,13 +235,13 @@ def fusion_weights_plan(ctx) -> TrainPlan:
     `fusion_weights.json`; with `train.export_dir` = the head's directory it lands beside the head, where
     `fusion=learned` reads it."""
     d, tc, target = ctx.drafter, ctx.train, ctx.target
-    check(bool(d.get("checkpoint")) and bool(d.head.get("checkpoint")),
+    check(bool(d.checkpoint) and bool(d.head.checkpoint),
           "drafter.head.train.part=fusion_weights needs trained parts: drafter.checkpoint=DIR and "
           "drafter.head.checkpoint=DIR")
     where = f"drafter.head.checkpoint={str(d.head.checkpoint)!r}"
-    bpath = ckpt.resolve(str(d.checkpoint), d.get("revision"))
-    hpath = dels.resolve_head(str(d.head.checkpoint), d.head.get("revision"), where)   # a release's subfolder too
-    fu = OmegaConf.to_container(ctx.fusion, resolve=True)
+    bpath = ckpt.resolve(str(d.checkpoint), d.revision)
+    hpath = dels.resolve_head(str(d.head.checkpoint), d.head.revision, where)   # a release's subfolder too
+    fu = ctx.fusion.to_dict()
     ht = d.head.train
     backbone = DFlashDraftModel.from_pretrained(bpath, dtype=target.dtype, device=target.device)
 

@@ -100,13 +100,13 @@ def train_recipe(train) -> dict:
 
 def drafter_config(drafter, target) -> tuple[DFlashConfig, Path | None]:
     """The DFlash architecture to train: a checkpoint's (fine-tuning it) or a new one sized to the target."""
-    if ckpt.resolve_init(drafter.init, drafter.get("checkpoint")) == "checkpoint":
+    if ckpt.resolve_init(drafter.init, drafter.checkpoint) == "checkpoint":
         where = f"drafter.checkpoint={str(drafter.checkpoint)!r}"
-        path = ckpt.resolve(str(drafter.checkpoint), drafter.get("revision"))
+        path = ckpt.resolve(str(drafter.checkpoint), drafter.revision)
         config = DFlashConfig.from_dict(ckpt.read_config(path, where))    # the weights load when training runs
         check_fits(config, target, where)
         return config, path
-    ids = list(drafter.target_layer_ids) if drafter.get("target_layer_ids") else \
+    ids = list(drafter.target_layer_ids) if drafter.target_layer_ids else \
         build_target_layer_ids(target.num_layers, drafter.num_layers)
     return DFlashConfig.for_target(target, drafter.num_layers, drafter.block_size, ids), None
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from .. import checkpoints as ckpt
 from ..drafters import domino
@@ -119,12 +118,12 @@ def plan(ctx) -> TrainPlan:
     target taps (online or from the feature cache)."""
     d, tc, target = ctx.drafter, ctx.train, ctx.target
     ht = d.head.train
-    check(bool(d.get("checkpoint")), "task=train drafter=domino_ft trains on a frozen DFlash drafter: set "
+    check(bool(d.checkpoint), "task=train drafter=domino_ft trains on a frozen DFlash drafter: set "
                                      "drafter.checkpoint=DIR (a DFlash-format checkpoint)")
-    bpath = ckpt.resolve(str(d.checkpoint), d.get("revision"))
+    bpath = ckpt.resolve(str(d.checkpoint), d.revision)
     backbone = DFlashDraftModel.from_pretrained(bpath, dtype=target.dtype, device=target.device)
     c = domino.DominoConfig(target.hidden_size, target.vocab_size, d.head.gru_hidden, d.head.emb_dim, d.head.alignment)
-    recipe = {**OmegaConf.to_container(ht, resolve=True),
+    recipe = {**ht.to_dict(),
               **{k: getattr(tc, k) for k in ("lr", "warmup_ratio", "weight_decay", "max_steps", "accumulate", "seed")}}
 
     def module():

@@ -82,6 +82,7 @@ from .. import checkpoints as ckpt
 from ..drafters.eagle3 import (
     Eagle3Config,
     Eagle3DraftModel,
+    Eagle3Settings,
     MidLayer,
     check_fits,
     default_tap_layers,
@@ -314,13 +315,8 @@ def init_from_target(model: Eagle3DraftModel, target) -> list[str]:
 def ttt_recipe(drafter) -> dict:
     """The TTT settings the module takes and the stage hash records. `labels` enters only when soft, so a hard-label
     recipe hashes as it did before the option existed (the committed mini checkpoint's stage stays reusable)."""
-    length, decay = drafter.get("ttt_length", 7), drafter.get("ttt_decay", 0.8)
-    labels = drafter.get("labels", "soft")
-    check(isinstance(length, int) and not isinstance(length, bool) and length >= 1,
-          f"drafter.ttt_length={length!r} must be an int >= 1")
-    check(isinstance(decay, (int, float)) and not isinstance(decay, bool) and decay > 0,
-          f"drafter.ttt_decay={decay!r} must be a number > 0")
-    check(labels in LABELS, f"drafter.labels={labels!r} is not valid; choose hard or soft")
+    d = Eagle3Settings.of(drafter)                     # ttt_length >= 1, ttt_decay > 0, labels: its rules
+    length, decay, labels = d.ttt_length, d.ttt_decay, d.labels
     return {"ttt_length": int(length), "ttt_decay": float(decay), **({"labels": "soft"} if labels == "soft" else {})}
 
 
@@ -329,9 +325,9 @@ def plan(ctx):
     tc, target, dc = ctx.train, ctx.target, ctx.drafter
     ttt = ttt_recipe(dc)
     init_path = None
-    if ckpt.resolve_init(dc.init, dc.get("checkpoint")) == "checkpoint":
+    if ckpt.resolve_init(dc.init, dc.checkpoint) == "checkpoint":
         where = f"drafter.checkpoint={str(dc.checkpoint)!r}"
-        init_path = resolve_eagle3(str(dc.checkpoint), dc.get("revision"))
+        init_path = resolve_eagle3(str(dc.checkpoint), dc.revision)
         loaded = Eagle3DraftModel.from_pretrained(init_path, where)
         config = loaded.config
         check(not tc.init_from_target, "train.init_from_target=true with an EAGLE-3 checkpoint to fine-tune: the "
@@ -339,11 +335,11 @@ def plan(ctx):
         used = None
     else:
         where = "drafter"
-        used = draft_vocab(ctx.seqs, target.vocab_size, dc.get("draft_vocab_size"))
-        config = Eagle3Config.for_target(target, len(used), dc.get("tap_layers"))
+        used = draft_vocab(ctx.seqs, target.vocab_size, dc.draft_vocab_size)
+        config = Eagle3Config.for_target(target, len(used), dc.tap_layers)
         with torch.device("meta"):
             loaded = Eagle3DraftModel(config)
-    taps = list(dc.get("tap_layers") or config.tap_layers or default_tap_layers(target.num_layers))
+    taps = list(dc.tap_layers or config.tap_layers or default_tap_layers(target.num_layers))
     check_fits(loaded, target, taps, where)
     del loaded
     config.tap_layers = taps

@@ -35,7 +35,7 @@ import torch
 from omegaconf import OmegaConf
 
 from .. import log, registry
-from ..config import DataConfig, TrainConfig
+from ..config import DataConfig, FusionConfig, TrainConfig
 from ..errors import check
 from ..eval.store import claimed_for
 from ..files import replace_atomic, write_json, write_text_atomic
@@ -135,10 +135,10 @@ class TrainContext:
     target_cfg: object
     seqs: list[D.Sequence]
     data_hash: str
-    drafter: object               # the `drafter` group (checkpoint defaults filled in)
+    drafter: object               # the `drafter` group's view (its settings class; checkpoint defaults filled in)
     train: TrainConfig            # the `train` group (its typed view)
     data: DataConfig              # the `data` group (its typed view)
-    fusion: object                # the `fusion` group (DeLS learned weights start from it)
+    fusion: FusionConfig          # the `fusion` group (DeLS learned weights start from it)
     stages: Path
     subset: dict | None = None    # train.data_tokens: `seqs` is that nested subset ({data_tokens, seed}), else None
 
@@ -319,8 +319,8 @@ def context(cfg, device: torch.device | None = None, lean: bool = False) -> Trai
     stages = cache_root(cfg.paths.cache) / "stages"
     data = DataConfig.from_cfg(cfg.data)
     seqs, data_hash = prepare_sequences(data, cfg.target, target, stages)
-    return TrainContext(target, cfg.target, seqs, data_hash, cfg.drafter, TrainConfig.from_cfg(cfg.train), data,
-                        cfg.fusion, stages)
+    return TrainContext(target, cfg.target, seqs, data_hash, registry.drafter_view(cfg.drafter),
+                        TrainConfig.from_cfg(cfg.train), data, FusionConfig.from_cfg(cfg.fusion), stages)
 
 
 def run_train(cfg, out_dir) -> dict:
