@@ -296,7 +296,7 @@ def test_labels_option_and_the_stage_hash():
     assert ttt_recipe({"labels": "hard"}) == {"ttt_length": 7, "ttt_decay": 0.8}
     assert ttt_recipe({"labels": "soft"}) == {"ttt_length": 7, "ttt_decay": 0.8, "labels": "soft"}
     assert ttt_recipe({}) == ttt_recipe({"labels": "soft"})                            # the group's default
-    with pytest.raises(UserError, match=r"^drafter.labels='medium' is not valid; expected hard \(the data tokens\) or "):
+    with pytest.raises(UserError, match=r"^drafter.labels='medium' is not valid; expected hard \(the data"):
         ttt_recipe({"labels": "medium"})
 
 
