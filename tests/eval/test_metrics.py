@@ -105,6 +105,21 @@ def test_paired_comparison_delta_ci_and_win_shares():
     assert same["b"]["delta"] == 0 and same["b"]["delta_ci95"] == [0.0, 0.0] and same["b"]["ties"] == 1.0
 
 
+def test_paired_speedup_cancels_the_shared_prompt_noise_and_skips_replays():
+    # per-prompt AR TPOTs vary 3x between prompts; B's drafter takes 0.8x A's TPOT on every prompt
+    ar = [0.02 + 0.01 * (i % 3) for i in range(30)]
+    a = {"g": [rec([2], [3], tpot=0.9 * t, ar=t, id=str(i)) for i, t in enumerate(ar)]}
+    b = {"g": [rec([2], [3], tpot=0.72 * t, ar=t, id=str(i)) for i, t in enumerate(ar)]}
+    per, macro = M.paired_speedup(a, b)
+    c = per["g"]
+    assert c["num_prompts"] == 30 and c["speedup_a"] == pytest.approx(1 / 0.9) and c["speedup_b"] == pytest.approx(
+        1 / 0.72)
+    assert c["delta"] == pytest.approx(1 / 0.9 - 1 / 0.72) and c["delta_ci95"] == pytest.approx([c["delta"]] * 2)
+    assert macro["delta"] == pytest.approx(c["delta"])
+    replay = {"g": [{**r, "tpot": None, "ar_tpot": None} for r in a["g"]]}
+    assert M.paired_speedup(a, replay) is None and M.paired_speedup(replay, replay) is None
+
+
 def test_the_near_tie_tolerance_is_the_floor_or_two_ulps_of_the_dtype():
     top20 = torch.tensor([20.0, 19.9, -3.0])
     assert M.tie_tolerance(top20, torch.float32, 0.01) == 0.01               # fp32 steps at 20: 2e-6

@@ -2,8 +2,10 @@
 
 Reads `samples.jsonl` of `compare.a` and `compare.b` (task=replay or task=eval, any mix), keeps the prompts both
 have, and reports per benchmark τ_A, τ_B, Δτ = τ_A − τ_B with a paired-bootstrap 95% CI and the shares of prompts
-where A / B has the higher τ. Pairing is only meaningful on the same outputs: turns whose output text hashes differ
-(another target, budget or prompt set; an online near-tie) are counted and reported, not hidden.
+where A / B has the higher τ; when both are online runs (task=eval), also each one's speedup over its own AR
+baseline and Δspeedup with its paired CI (metrics.paired_speedup). Pairing is only meaningful on the same outputs:
+turns whose output text hashes differ (another target, budget or prompt set; an online near-tie) are counted and
+reported, not hidden.
 """
 from __future__ import annotations
 
@@ -41,8 +43,10 @@ def compare(a: list[dict], b: list[dict]) -> dict:
     ha = {(r["benchmark"], r["id"], r["turn"]): r.get("text_sha256") for r in a}
     hb = {(r["benchmark"], r["id"], r["turn"]): r.get("text_sha256") for r in b}
     common = ha.keys() & hb.keys()
+    speed = metrics.paired_speedup(ga, gb)
     return {"benchmarks": per, "macro": macro, "turns_compared": len(common),
-            "turns_with_different_outputs": sum(ha[k] != hb[k] for k in common)}
+            "turns_with_different_outputs": sum(ha[k] != hb[k] for k in common),
+            **({"speedup": {"benchmarks": speed[0], "macro": speed[1]}} if speed else {})}
 
 
 def compare_markdown(result: dict) -> str:
@@ -60,6 +64,16 @@ def compare_markdown(result: dict) -> str:
     rows.append(f"\nPaired bootstrap over prompts ({metrics.BOOTSTRAP_REPLICATES} replicates, seed "
                 f"{metrics.BOOTSTRAP_SEED}); {result['turns_with_different_outputs']} of {result['turns_compared']} "
                 f"common turns have different outputs in A and B.")
+    if "speedup" in result:                     # both runs online: their speedups over their own AR, paired
+        rows += ["", "| benchmark | prompts | speedup A | speedup B | Δ (A − B) | 95% CI |",
+                 "|---|---:|---:|---:|---:|---|"]
+        for name, c in result["speedup"]["benchmarks"].items():
+            rows.append(f"| {name} | {c['num_prompts']} | {c['speedup_a']:.3f}× | {c['speedup_b']:.3f}× | "
+                        f"{c['delta']:+.3f} | {ci(c['delta_ci95'])} |")
+        m = result["speedup"]["macro"]
+        rows.append(f"| **macro** | | | | **{m['delta']:+.3f}** | {ci(m['delta_ci95'])} |")
+        rows.append("\nspeedup = mean AR TPOT / mean TPOT of each run (as in its summary.json), paired over the same "
+                    "prompts; two runs also differ by the machine's drift between them.")
     return "\n".join(rows) + "\n"
 
 

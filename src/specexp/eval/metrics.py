@@ -275,6 +275,45 @@ def percentiles95(replicates) -> list[float] | None:
     return _percentiles(replicates)
 
 
+def _per_prompt_seconds(records: list[dict]) -> dict[str, tuple[float, float]]:
+    """Prompt id -> (summed AR TPOT, summed TPOT) over its online turns (a turn without both is left out)."""
+    out: dict[str, tuple[float, float]] = {}
+    for r in records:
+        if r.get("ar_tpot") and r.get("tpot"):
+            ar, tp = out.get(r["id"], (0.0, 0.0))
+            out[r["id"]] = (ar + r["ar_tpot"], tp + r["tpot"])
+    return out
+
+
+def paired_speedup(a: dict[str, list[dict]], b: dict[str, list[dict]]) -> tuple[dict[str, dict], dict] | None:
+    """Online run A vs online run B per benchmark, over the prompts both timed: `speedup` of each (its own AR
+    baseline, as in summary.json) and Δ = speedup_A − speedup_B with a paired-bootstrap 95% CI (the same prompts
+    drawn for both runs); macro: the unweighted mean Δ over benchmarks, its CI from the mean of the replicates.
+    None when either run has no timings (a replay). Speed compared across two runs also carries the machine's drift
+    between them: run them back to back on an otherwise idle machine."""
+    import torch
+
+    g = torch.Generator().manual_seed(BOOTSTRAP_SEED)
+    per, reps = {}, []
+    for name in a:
+        pa, pb = _per_prompt_seconds(a[name]), _per_prompt_seconds(b.get(name, []))
+        ids = [i for i in pa if i in pb]
+        if not ids:
+            continue
+        ara, spa, arb, spb = (torch.tensor([p[i][k] for i in ids], dtype=torch.float64)
+                              for p, k in ((pa, 0), (pa, 1), (pb, 0), (pb, 1)))            # [P] each
+        idx = _draws(len(ids), g)
+        r = _resampled_tau(ara, spa, idx) - _resampled_tau(arb, spb, idx)                 # [R]
+        sa, sb = float(ara.sum() / spa.sum()), float(arb.sum() / spb.sum())
+        per[name] = {"num_prompts": len(ids), "speedup_a": sa, "speedup_b": sb, "delta": sa - sb,
+                     "delta_ci95": _percentiles(r)}
+        reps.append(r)
+    if not per:
+        return None
+    macro = {"delta": fmean(c["delta"] for c in per.values()), "delta_ci95": _percentiles(torch.stack(reps).mean(0))}
+    return per, macro
+
+
 def paired_comparison(a: dict[str, list[dict]], b: dict[str, list[dict]]) -> tuple[dict[str, dict], dict]:
     """Run A vs run B per benchmark (records grouped by benchmark), over the prompts both have: Δτ = τ_A − τ_B
     with a paired-bootstrap 95% CI, and the shares of prompts whose mean per-turn τ is higher in A (`a_wins`),
