@@ -144,9 +144,9 @@ class Settings:
 
 @functools.cache
 def hints_of(cls) -> dict:
-    import sys
-
-    return typing.get_type_hints(cls, sys.modules[cls.__module__].__dict__)
+    """Field name -> annotation, resolved in the module of the class that declares each field (a subclass in
+    another module, e.g. DeLSSettings over DFlashSettings, resolves its base's names in the base's module)."""
+    return typing.get_type_hints(cls)
 
 
 def nested(annotation) -> type | None:
