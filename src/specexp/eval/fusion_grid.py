@@ -121,7 +121,7 @@ def run_grid(cfg, out_dir: Path) -> dict:
         for sample in bar:
             ref, per_cell = refs.get(sample), [[] for _ in cells]
             for turn, prompt, tokens in turns_with_prompts(target, sample, ref):
-                tf = cached_teacher_forced(target, prompt, tokens, taps, tap_file(cfg, refs, taps, ref["key"], turn))
+                tf = cached_teacher_forced(target, prompt, tokens, taps, tap_file(rp, refs, taps, ref["key"], turn))
                 text = target.decode(tokens)                  # the reference's text: the same in every cell
                 for recs, (gen, ties) in zip(per_cell, grid_turn(drafter, prompt, tokens, tf, dc, rp.near_tie, cells)):
                     recs.append(replay_record(sample, turn, gen, ties, tf, text, ev.save_text, round_metrics))

@@ -257,9 +257,8 @@ def run_settings(cfg, refs: ReferenceStore) -> dict:
     }
 
 
-def tap_file(cfg, refs: ReferenceStore, taps, key: str, turn: int) -> Path | None:
+def tap_file(rp: ReplayConfig, refs: ReferenceStore, taps, key: str, turn: int) -> Path | None:
     """Where a turn's teacher-forced taps are kept (None without `replay.tap_cache`)."""
-    rp = ReplayConfig.from_cfg(cfg.replay)
     root = Path(os.path.expanduser(str(rp.tap_cache_dir))) if rp.tap_cache else None
     return _tap_file(root, refs.hash, taps, key, turn) if root is not None else None
 
@@ -307,7 +306,7 @@ def run_replay(cfg, out_dir) -> dict:
         for sample in bar:
             ref, recs = refs.get(sample), []
             for turn, prompt, tokens in turns_with_prompts(target, sample, ref):
-                tf = cached_teacher_forced(target, prompt, tokens, taps, tap_file(cfg, refs, taps, ref["key"], turn))
+                tf = cached_teacher_forced(target, prompt, tokens, taps, tap_file(rp, refs, taps, ref["key"], turn))
                 gen, ties = replay_turn(drafter, prompt, tokens, tf, dc, rp.near_tie, rp.batched)
                 recs.append(replay_record(sample, turn, gen, ties, tf, target.decode(tokens), ev.save_text,
                                           round_metrics))
