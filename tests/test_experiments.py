@@ -433,16 +433,27 @@ def test_mini_claims_proposal_mix_counts_the_recorded_edit_outcomes(tmp_path):
 
 
 def test_draft_cap_times_every_cap_against_ar_and_checks_the_output(tmp_path):
-    """The tiny target, a random DFlash: every cap decodes the AR output; the table and the json have every row."""
+    """The tiny target, a random DFlash, two benchmarks: every cap decodes the AR output; the table and the json have
+    every row, each benchmark's speedup and macro, and every cap paired against the drafter's own K."""
     out = subprocess.run([sys.executable, str(ROOT / "experiments" / "draft_cap.py"), "--target", "tiny_qwen3",
-                          "--num-samples", "2", "--max-new-tokens", "12", "--caps", "1", "3", "9", "--threads", "1",
+                          "--benchmarks", "gsm8k", "mbpp", "--num-samples", "2", "--max-new-tokens", "12",
+                          "--caps", "1", "3", "9", "--threads", "1", "--name", "two",
                           "--out", str(tmp_path), "drafter.init=random", "drafter.block_size=4"],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = json.loads((tmp_path / "dflash-tune.json").read_text())["rows"]
+    got = json.loads((tmp_path / "dflash-tune-two.json").read_text())
+    rows = got["rows"]
     assert [r["variant"] for r in rows] == ["AR", "k=1", "k=3"]       # 9 is capped at the drafter's K = 3
     assert rows[0]["speedup"] == 1.0 and all(r["tau"] >= 1.0 for r in rows)
-    assert "Greedy output equal to AR's on 4 / 4" in out.stdout
+    assert got["benchmarks"] == ["gsm8k", "gsm8k", "mbpp", "mbpp"] and got["target_dtype"] == "float32"
+    per = got["per_benchmark"]
+    assert set(per) == {"k=1", "k=3"} and set(per["k=1"]["speedup"]) == {"gsm8k", "mbpp"}
+    assert "vs_own" not in per["k=3"]                                   # the reference itself
+    vs = per["k=1"]["vs_own"]
+    lo, hi = vs["macro_delta_ci95"]
+    assert lo <= vs["macro_delta"] <= hi and set(vs["per_benchmark"]) == {"gsm8k", "mbpp"}
+    assert abs(vs["macro_delta"] - (per["k=1"]["macro_speedup"] - per["k=3"]["macro_speedup"])) < 1e-9
+    assert "Greedy output equal to AR's on 8 / 8" in out.stdout and "macro Δspeedup" in out.stdout
 
 
 def test_bench_verify_rows_prints_every_row_count(tmp_path):

@@ -197,7 +197,8 @@ class EvalConfig(Settings):
     num_samples: Any = setting(2, _num_samples, "an int >= 1, null (all), 'paper' or a mapping {benchmark: int >= 1} "
                                                 f"of benchmark.names; {upto(MAX_COUNT)}")
     max_new_tokens: int = setting(64, *_ints(1, MAX_TOKENS))
-    max_drafts: int | None = setting(None, *_int_or_null(1, MAX_BLOCK, "the drafter's own number of drafts"))
+    max_drafts: Any = setting(None, lambda v: v == "auto" or null_or(is_int(1, MAX_BLOCK))(v),
+                              f"an int >= 1, null (the drafter's own number of drafts) or auto; {upto(MAX_BLOCK)}")
     shuffle_seed: int = setting(0, is_int(), "an int")
     split: str = choice("eval", "tune")
     tune_samples: Any = setting(0, _tune_samples, "an int >= 0 or a mapping {benchmark: int >= 0} of "

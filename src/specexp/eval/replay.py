@@ -247,13 +247,13 @@ def build_references(cfg, target, samples, dc: DecodeConfig) -> ReferenceStore:
 
 def run_settings(cfg, refs: ReferenceStore) -> dict:
     """Every setting that changes a replay's results (run.json, eval/store.py)."""
-    rp, ev = ReplayConfig.from_cfg(cfg.replay), EvalConfig.from_cfg(cfg.eval)
+    rp, ev, device = ReplayConfig.from_cfg(cfg.replay), EvalConfig.from_cfg(cfg.eval), resolve_device(cfg.device)
     return {
         "mode": "replay", "references": refs.hash,
-        "target": target_settings(cfg.target, resolve_device(cfg.device)),
+        "target": target_settings(cfg.target, device),
         "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
         "max_new_tokens": ev.max_new_tokens, "near_tie": rp.near_tie, "batched": rp.batched, "save_text": ev.save_text,
-        **capped(ev),
+        **capped(ev, cfg.target, device),
     }
 
 

@@ -9,20 +9,37 @@ from __future__ import annotations
 
 import os
 
+import torch
 from omegaconf import OmegaConf
 
 from ..config import DecodingConfig, EvalConfig
 from ..decoding.engine import DecodeConfig, drafts_per_round
 from ..machine import describe
-from ..targets import target_settings
+from ..targets import resolve_dtype, target_settings
 from . import metrics
 from .store import content_digest
+
+# `eval.max_drafts=auto` on a CPU running the target in bf16: the cap measured fastest on the tuning split there
+# (DFlash, mini target, 2-core AVX512-BF16 EPYC; 2, 3, 4 and 7 drafts paired on 70 prompts: 3 gave macro +0.11x
+# [+0.08, +0.14] over the drafter's own 7 for -0.015 tau; experiments/results/draft_cap/dflash-tune-bf16-all.md).
+CPU_BF16_MAX_DRAFTS = 3
+
+
+def max_drafts(value, device, dtype) -> int | None:
+    """`eval.max_drafts` as the engine's cap (None: the drafter's own K). `auto`: on a CPU with the target in bf16,
+    at most `CPU_BF16_MAX_DRAFTS`, since there a verify of k+1 rows grows with k (a matrix product against a 1-row
+    step's matrix-vector product) while the later drafts are rarely accepted; elsewhere the drafter's own K (on a
+    GPU a verify of 16 rows costs about one step; in fp32 on a CPU no cap was measurably faster). The output is the
+    target's whatever the cap; τ and a round's cost change."""
+    if value != "auto":
+        return value
+    return CPU_BF16_MAX_DRAFTS if torch.device(device).type == "cpu" and dtype == torch.bfloat16 else None
 
 
 def decode_config(decoding: DecodingConfig, ev: EvalConfig, target) -> DecodeConfig:
     """The engine's settings from the validated `decoding` and `eval` groups (config.py checked their values)."""
     return DecodeConfig(decoding.protocol, float(decoding.temperature), ev.max_new_tokens,
-                        tuple(target.stop_token_ids), ev.max_drafts)
+                        tuple(target.stop_token_ids), max_drafts(ev.max_drafts, target.device, target.dtype))
 
 
 def summarize(records: list[dict], names: list[str], target, drafter, dc: DecodeConfig, round_metrics=None,
@@ -65,10 +82,12 @@ def summarize_records(records: list[dict], names: list[str], header: dict, round
     return {**head, "benchmarks": benches, "macro": macro}
 
 
-def capped(ev: EvalConfig) -> dict:
-    """`eval.max_drafts` for a run's settings when it is set: absent when null, so that the directories of runs made
-    before the key existed still resume."""
-    return {"max_drafts": ev.max_drafts} if ev.max_drafts is not None else {}
+def capped(ev: EvalConfig, target_cfg, device) -> dict:
+    """`eval.max_drafts` for a run's settings, `auto` as what it resolves to on `device` with the target group's
+    dtype: absent when it is the drafter's own K, so that the directories of runs made before the key existed
+    still resume, and a run made with `auto` resumes under the number it meant."""
+    cap = max_drafts(ev.max_drafts, device, resolve_dtype(target_cfg.dtype, device))
+    return {"max_drafts": cap} if cap is not None else {}
 
 
 def run_settings(cfg, device) -> dict:
@@ -82,7 +101,7 @@ def run_settings(cfg, device) -> dict:
         "checkpoint_content": checkpoint_digests(drafter),
         "decoding": container(cfg.decoding, resolve=True),
         "eval": {k: getattr(ev, k) for k in ("max_new_tokens", "run_ar", "check_lossless", "near_tie", "save_text")}
-        | capped(ev),
+        | capped(ev, cfg.target, device),
         "seed": cfg.seed, "device": device.type, "cpu_threads": cfg.get("cpu_threads"),
     }
 
