@@ -77,6 +77,7 @@ def main() -> None:
     from specexp import benchmarks, registry
     from specexp.cli import CONF_DIR
     from specexp.decoding.engine import DecodeConfig, drafts_per_round, generate
+    from specexp.eval.summary import max_drafts
     from specexp.static_target import StaticTarget
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -94,6 +95,9 @@ def main() -> None:
     ap.add_argument("--vocab-sizes", default="4096,8192,16384", help="rows of the pruned drafter heads")
     ap.add_argument("--regen", type=Path, default=REPO / "data/regen/smollm2_135m-greedy256",
                     help="packed target answers whose token frequencies choose a pruned head's rows")
+    ap.add_argument("--max-drafts", default="auto", help="drafts a specexp round verifies at most: an int, null (each "
+                                                        "drafter's own K) or auto (eval.max_drafts=auto: 3 for a bf16 "
+                                                        "target on a CPU, else null); HF's peers keep their own")
     ap.add_argument("--out", type=Path)
     ap.add_argument("overrides", nargs="*", help="further config overrides for every drafter (e.g. "
                                                  "target.dtype=float32)")
@@ -121,7 +125,9 @@ def main() -> None:
     samples = benchmarks.load([args.benchmark], args.prompts, split="tune", tune_samples=args.prompts)
     prompts = [hf.encode_chat([{"role": "user", "content": s.turns[0]}]) for s in samples]
     stops = tuple(hf.stop_token_ids)
-    dc = DecodeConfig(max_new_tokens=args.tokens, stop_token_ids=stops)
+    cap = None if args.max_drafts == "null" else args.max_drafts if args.max_drafts == "auto" else int(args.max_drafts)
+    dc = DecodeConfig(max_new_tokens=args.tokens, stop_token_ids=stops,
+                      max_drafts=max_drafts(cap, torch.device("cpu"), hf.dtype))
     model = hf.model
     gen_kw = dict(do_sample=False, max_new_tokens=args.tokens, eos_token_id=list(stops), pad_token_id=stops[0])
     forwards = [0]                                             # target forwards of an HF peer (its τ)
@@ -208,7 +214,7 @@ def main() -> None:
                 keeping = False
                 for part, v in parts.items():
                     round_parts[key].setdefault(part, []).extend(v)
-        short = DecodeConfig(max_new_tokens=min(args.tokens, 32), stop_token_ids=stops)
+        short = DecodeConfig(max_new_tokens=min(args.tokens, 32), stop_token_ids=stops, max_drafts=dc.max_drafts)
         syncs = {key: em.syncs_per_round(target, drafter, prompts[0], short)
                  for key, (target, drafter) in specexp.items()}
         del dflash_static.block_logits
@@ -289,7 +295,9 @@ def main() -> None:
                "minutes": {"contest": (t_parts - t_start) / 60, "all": (t_end - t_start) / 60}}
     flags = ", ".join(f for f, on in machine["cpu"]["flags"].items() if on) or "none of " + ", ".join(FLAGS)
     lines = [f"# Engines side by side on {args.target}: {len(prompts)} {args.benchmark} prompts (tuning split), "
-             f"{args.tokens} tokens, {args.threads} thread(s), {args.repeats} repeats",
+             f"{args.tokens} tokens, {args.threads} thread(s), {args.repeats} repeats; specexp verifies "
+             + (f"at most {dc.max_drafts} drafts a round (--max-drafts {args.max_drafts})" if dc.max_drafts else
+                "each drafter's own K drafts a round"),
              "", f"CPU {machine['cpu']['model']} ({machine['cpu']['cores']} cores; flags: {flags}); {hf.dtype}; "
                  f"load before the run {load_before[0]:.2f}{' (BUSY: timings are not clean)' if busy else ' (idle)'}, "
                  f"during {load_start[0]:.2f} → {load_end[0]:.2f}; "
@@ -342,7 +350,7 @@ def main() -> None:
         (args.out / "bench_engine.md").write_text(md)
         (args.out / "bench_engine.json").write_text(json.dumps(
             {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-             "machine": machine, "rows": rows, "round_parts": parts, "memory_floor": floor,
+             "machine": machine, "max_drafts": dc.max_drafts, "rows": rows, "round_parts": parts, "memory_floor": floor,
              "vocab_projection": vocab, "syncs_per_round": {label[k]: v for k, v in syncs.items()},
              "seconds_by_prompt_and_repeat": times}, indent=1) + "\n")
 

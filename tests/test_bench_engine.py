@@ -147,7 +147,8 @@ def test_weight_and_kv_bytes():
 def test_bench_engine_runs_every_contender(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench_engine.py"), "--target", "tiny_qwen3",
                           "--drafters", "dflash,eagle3", "--prompts", "1", "--tokens", "6", "--repeats", "1",
-                          "--threads", "1", "--bw-mib", "8", "--out", str(tmp_path), "drafter.init=random"],
+                          "--threads", "1", "--bw-mib", "8", "--max-drafts", "2", "--out", str(tmp_path),
+                          "drafter.init=random"],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads((tmp_path / "bench_engine.json").read_text())
@@ -158,6 +159,7 @@ def test_bench_engine_runs_every_contender(tmp_path):
     assert all(row.get("equals_hf_greedy") == "1/1" or "not_run" in row for row in r["rows"])
     assert set(r["round_parts"]) == set(names[4:])
     assert all(p["syncs_per_round_max"] in (None, 1) for p in r["round_parts"].values())
+    assert r["max_drafts"] == 2 and {p["k"] for n, p in r["round_parts"].items() if "AR" not in n} == {2}
     assert r["memory_floor"]["floor_ms"] > 0
     heads = [v["variant"] for v in r["vocab_projection"]]
     assert heads == ["fp32 full head", "bf16 full head"]          # no pruned heads: the answers are SmolLM2's
