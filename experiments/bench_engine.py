@@ -78,6 +78,7 @@ def main() -> None:
     from specexp.cli import CONF_DIR
     from specexp.decoding.engine import DecodeConfig, drafts_per_round, generate
     from specexp.eval.summary import max_drafts
+    from specexp.kernels import cpu_linear
     from specexp.static_target import StaticTarget
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -107,14 +108,20 @@ def main() -> None:
     names = [d for d in args.drafters.split(",") if d]
     on_hf = [d for d in args.hf_engine.split(",") if d]
 
-    def config(drafter: str):
+    def config(drafter: str, *more: str):
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return compose("config", [f"target={args.target}", f"drafter={drafter}", "device=cpu",
-                                      f"benchmark={args.benchmark}", *args.overrides])
+                                      f"benchmark={args.benchmark}", *args.overrides, *more])
 
     cfg = config(names[0] if names else "dflash")
     hf = registry.build_target(cfg.target, torch.device("cpu"))
     static = StaticTarget.of(hf)                               # the same modules and weights, another engine
+    # HF's peers run stock transformers: where specexp packs the target's linear layers (target.prepack, bf16 on a
+    # CPU), they get an unpacked copy of the same weights.
+    peer = hf
+    if cpu_linear.is_packed(hf.model):
+        peer = registry.build_target(config(names[0] if names else "dflash", "target.prepack=false").target,
+                                     torch.device("cpu"))
     drafters = {}                                              # (name, engine) -> drafter
     for d in dict.fromkeys(names + ["dflash"]):                # HF's DFlash borrows the DFlash drafter's weights
         dcfg = config(d).drafter
@@ -128,7 +135,7 @@ def main() -> None:
     cap = None if args.max_drafts == "null" else args.max_drafts if args.max_drafts == "auto" else int(args.max_drafts)
     dc = DecodeConfig(max_new_tokens=args.tokens, stop_token_ids=stops,
                       max_drafts=max_drafts(cap, torch.device("cpu"), hf.dtype))
-    model = hf.model
+    model = peer.model
     gen_kw = dict(do_sample=False, max_new_tokens=args.tokens, eos_token_id=list(stops), pad_token_id=stops[0])
     forwards = [0]                                             # target forwards of an HF peer (its τ)
     model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
@@ -290,6 +297,7 @@ def main() -> None:
                "load_1min": [load_start[0], load_end[0]],
                "busy": busy, "torch": torch.__version__, "python": platform.python_version(),
                "transformers": __import__("transformers").__version__, "dtype": str(hf.dtype),
+               "prepacked": cpu_linear.is_packed(hf.model),
                "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                # "contest": the warm-up, the repeats and the round-parts pass; "all": also the floor and item 4
                "minutes": {"contest": (t_parts - t_start) / 60, "all": (t_end - t_start) / 60}}
@@ -297,7 +305,9 @@ def main() -> None:
     lines = [f"# Engines side by side on {args.target}: {len(prompts)} {args.benchmark} prompts (tuning split), "
              f"{args.tokens} tokens, {args.threads} thread(s), {args.repeats} repeats; specexp verifies "
              + (f"at most {dc.max_drafts} drafts a round (--max-drafts {args.max_drafts})" if dc.max_drafts else
-                "each drafter's own K drafts a round"),
+                "each drafter's own K drafts a round")
+             + ("; specexp's linear layers packed for oneDNN (target.prepack), HF's peers stock"
+                if cpu_linear.is_packed(hf.model) else ""),
              "", f"CPU {machine['cpu']['model']} ({machine['cpu']['cores']} cores; flags: {flags}); {hf.dtype}; "
                  f"load before the run {load_before[0]:.2f}{' (BUSY: timings are not clean)' if busy else ' (idle)'}, "
                  f"during {load_start[0]:.2f} → {load_end[0]:.2f}; "

@@ -151,6 +151,7 @@ class TargetConfig(Settings):
     dtype: str = choice("auto", *DTYPES)
     engine: str = choice("hf", "static")
     compile: bool = choice(False, True, words="true or false")
+    prepack: Any = choice("auto", True, False)
     attn_implementation: str = "auto"
     mask_token_id: int | None = setting(None, null_or(is_int(0)), "an int >= 0 or null")
     chat_kwargs: dict = setting(factory=dict)          # the chat template's own keyword arguments: free-form

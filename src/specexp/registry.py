@@ -26,11 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
+import torch
 from omegaconf import OmegaConf
 
 from . import targets
 from .drafters import dedit, dels, dflash, domino, eagle3
 from .errors import UserError, check, one_of
+from .kernels import cpu_linear
+from .log import get as get_logger
 from .schema import Settings, frozen
 
 TARGETS = {
@@ -180,11 +183,17 @@ def fill_default_checkpoints(drafter_cfg, target_name: str):
     return out
 
 
+LOG = get_logger(__name__)
+
+
 def build_target(cfg, device, lean: bool = False):
     """The target of `cfg` (the `target` group); `lean`: without its decoder layers (token-only training)."""
     one_of("target.loader", cfg.loader, TARGETS)
     if not lean:
         target = TARGETS[cfg.loader](cfg, device)
+        if cpu_linear.wanted(cfg.get("prepack", "auto"), target.device, target.dtype, bool(cfg.get("compile"))):
+            n = cpu_linear.pack(target.model)              # bit-identical outputs, packed once (kernels/cpu_linear)
+            LOG.debug("target %s: %d linear layers packed for oneDNN", target.name, n)
         if cfg.get("engine", "hf") == "static":        # the same weights, run over a preallocated KV cache
             from .static_target import StaticTarget
 
@@ -209,8 +218,23 @@ def drafter_view(cfg):
 
 
 def build_drafter(cfg, target):
+    """The drafter of `cfg` for `target`; where the target's linear layers are packed (`target.prepack`), the
+    drafter's own are too (bit-identical outputs, kernels/cpu_linear.py)."""
     entry = drafter_entry(cfg.name)
-    return None if entry.build is None else entry.build(fill_default_checkpoints(cfg, target.name), target)
+    drafter = None if entry.build is None else entry.build(fill_default_checkpoints(cfg, target.name), target)
+    if drafter is not None and not getattr(target, "lean", False) and cpu_linear.is_packed(target.model):
+        _pack_parts(drafter, target)
+    return drafter
+
+
+def _pack_parts(obj, target, depth: int = 2) -> None:
+    """Pack the modules a drafter holds, and those of the specexp objects it holds (a DeLS head's DFlash backbone)."""
+    for part in vars(obj).values():
+        if isinstance(part, torch.nn.Module):
+            cpu_linear.pack(part)
+        elif (depth and part is not target and type(part).__module__.startswith("specexp.")
+              and hasattr(part, "__dict__")):
+            _pack_parts(part, target, depth - 1)
 
 
 def trainer(name: str) -> Callable:

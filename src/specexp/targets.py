@@ -213,14 +213,15 @@ class Target:
 def target_settings(target_cfg, device: torch.device) -> dict:
     """The `target` group as the settings of a run, a training stage or a reference: without its cache directory,
     `engine` only when it is not the default `hf` and `compile` only when true (the static engine computes the same
-    logits on the CPU, and runs and stages made before the keys existed keep their digests), and `dtype=auto` as
+    logits on the CPU, and runs and stages made before the keys existed keep their digests), without `prepack` (its
+    outputs are bit for bit the unpacked ones: kernels/cpu_linear.py), and `dtype=auto` as
     what it resolves to on `device` (the same run on another machine may compute in another precision)."""
     from omegaconf import OmegaConf
 
     t = OmegaConf.to_container(target_cfg, resolve=True)
     if t.get("dtype") == "auto":
         t["dtype"] = str(resolve_dtype("auto", device)).removeprefix("torch.")
-    return {k: v for k, v in t.items() if k != "cache_dir" and not (k == "engine" and v == "hf")
+    return {k: v for k, v in t.items() if k not in ("cache_dir", "prepack") and not (k == "engine" and v == "hf")
             and not (k == "compile" and v is False)}
 
 
