@@ -137,6 +137,7 @@ def main() -> None:
 
     from specexp import machine
     from specexp.decoding.engine import generate
+    from specexp.kernels import cpu_linear
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2_135m")
@@ -180,7 +181,9 @@ def main() -> None:
              f"{', '.join(args.benchmarks)}, {len(prompts)} prompts, {args.max_new_tokens} new tokens, "
              f"{args.threads} thread(s); load {load_start:.1f} → {load_end:.1f})", "",
              f"CPU {mach['cpu']} ({mach['cores']} cores; flags: {', '.join(mach['cpu_flags']) or 'none'}); target "
-             f"{target.dtype}, engine {type(target).__name__}; torch {torch.__version__}.", "",
+             f"{target.dtype}, engine {type(target).__name__}"
+             f"{', linear layers packed for oneDNN' if cpu_linear.is_packed(target.model) else ''}; "
+             f"torch {torch.__version__}.", "",
              "All prompts pooled:", "",
              "| variant | τ | ms / token | ms / round | round in AR steps | speedup vs AR [95% CI] |",
              "|---|---:|---:|---:|---:|---:|"]
@@ -205,6 +208,7 @@ def main() -> None:
         (args.out / f"{stem}.json").write_text(json.dumps(
             {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
              "machine": mach, "target_dtype": str(target.dtype).removeprefix("torch."),
+             "prepacked": cpu_linear.is_packed(target.model),
              "samples": [s.id for s in samples], "benchmarks": [s.benchmark for s in samples],
              "load": [load_start, load_end], "rows": rows, "per_benchmark": per_bench,
              "lossless": [lossless, n_spec], "per_prompt": per}, indent=1))
