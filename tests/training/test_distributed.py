@@ -300,6 +300,9 @@ def _fsdp_worker(rank: int, port: int, out: str) -> None:
                                      zip(fresh.state_dict().values(), reference.state_dict().values()))
             report["keys_equal"] = set(state) == set(reference.state_dict())
         Path(out, f"rank{rank}.json").write_text(json.dumps(report))
+        # Rank 1 is done long before rank 0's reference: a group torn down while the peer still works aborted rank 1
+        # once under load (gloo: "terminate called without an active exception"); leave together.
+        torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
 
