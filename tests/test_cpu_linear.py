@@ -62,6 +62,9 @@ def test_a_gradient_through_a_packed_layer_takes_the_modules_own_product():
     assert torch.equal(y, ref(x)) and torch.equal(g, x.grad) and lin.weight.grad is not None
     with torch.no_grad():
         assert torch.equal(lin(x), ref(x))                                 # the packed path, the same numbers
+        for y in (torch.randn(16, 5, dtype=torch.bfloat16).t(),             # strided: F.linear's own path
+                  torch.randn(2, 7, 16, dtype=torch.bfloat16)[:, ::2], torch.randn(4, 3, 16, dtype=torch.bfloat16)):
+            assert torch.equal(lin(y), ref(y))
 
 
 def test_auto_leaves_fp32_alone_and_true_refuses_what_it_cannot_do(cfg_factory):

@@ -9,10 +9,10 @@ that calls the target's modules (DFlash's draft projection is the target's lm_he
 
 The packed product is the same oneDNN kernel without the per-call reorder, so its outputs are the unpacked call's bit
 for bit (tests/test_cpu_linear.py checks logits and greedy tokens against the unpacked model). It applies only where
-that has been checked: a bf16 weight, a bf16 input on the CPU, and no gradient to carry (the packed op has no
-backward): anything else, e.g. a DFlash training loss through the target's lm_head, runs the module's own `F.linear`.
-Each packed layer keeps its parameter (state_dict, `.weight` readers and tied embeddings are unchanged) and holds
-the packed copy beside it: the weights' memory twice.
+that has been checked: a bf16 weight, a contiguous bf16 input on the CPU, and no gradient to carry (the packed op
+has no backward). Anything else, e.g. a DFlash training loss through the target's lm_head, runs the module's own
+`F.linear`. Each packed layer keeps its parameter (state_dict, `.weight` readers and tied embeddings are
+unchanged) and holds the packed copy beside it: the weights' memory twice.
 """
 from __future__ import annotations
 
@@ -52,7 +52,9 @@ def wanted(setting, device: torch.device, dtype: torch.dtype, compiled: bool = F
 
 
 def _forward(self, x: torch.Tensor) -> torch.Tensor:
-    if x.dtype != torch.bfloat16 or x.device.type != "cpu" or (x.requires_grad and torch.is_grad_enabled()):
+    # A strided input takes another path inside F.linear itself (other rounding), so only a contiguous one is packed.
+    if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or not x.is_contiguous()
+            or (x.requires_grad and torch.is_grad_enabled())):
         return F.linear(x, self.weight, self.bias)
     return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
