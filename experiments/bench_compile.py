@@ -64,6 +64,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", [f"target={args.target}", f"target.dtype={args.dtype}", "drafter=none", "device=cpu",
+                                 "target.prepack=false",       # the compiled step packs its own weights
                                  f"benchmark={args.benchmark}"])
     hf = registry.build_target(cfg.target, torch.device("cpu"))
     engines = {"eager": StaticTarget.of(hf), "window": StaticTarget.of(hf, compile=True, inductor=False),

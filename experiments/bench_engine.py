@@ -70,6 +70,15 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
 
 
+def cap_arg(value: str):
+    """--max-drafts: auto, null or an int >= 1 (eval.max_drafts's values), else argparse's one-line error."""
+    if value in ("auto", "null"):
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not valid; expected an int >= 1, null or auto")
+    return int(value)
+
+
 def main() -> None:
     import engine_measure as em
     from hydra import compose, initialize_config_dir
@@ -96,9 +105,9 @@ def main() -> None:
     ap.add_argument("--vocab-sizes", default="4096,8192,16384", help="rows of the pruned drafter heads")
     ap.add_argument("--regen", type=Path, default=REPO / "data/regen/smollm2_135m-greedy256",
                     help="packed target answers whose token frequencies choose a pruned head's rows")
-    ap.add_argument("--max-drafts", default="auto", help="drafts a specexp round verifies at most: an int, null (each "
-                                                        "drafter's own K) or auto (eval.max_drafts=auto: 3 for a bf16 "
-                                                        "target on a CPU, else null); HF's peers keep their own")
+    ap.add_argument("--max-drafts", default="auto", type=cap_arg,
+                    help="drafts a specexp round verifies at most: an int, null (each drafter's own K) or auto "
+                         "(eval.max_drafts=auto: 3 for a bf16 target on a CPU, else null); HF's peers keep their own")
     ap.add_argument("--out", type=Path)
     ap.add_argument("overrides", nargs="*", help="further config overrides for every drafter (e.g. "
                                                  "target.dtype=float32)")
@@ -132,7 +141,7 @@ def main() -> None:
     samples = benchmarks.load([args.benchmark], args.prompts, split="tune", tune_samples=args.prompts)
     prompts = [hf.encode_chat([{"role": "user", "content": s.turns[0]}]) for s in samples]
     stops = tuple(hf.stop_token_ids)
-    cap = None if args.max_drafts == "null" else args.max_drafts if args.max_drafts == "auto" else int(args.max_drafts)
+    cap = None if args.max_drafts == "null" else args.max_drafts
     dc = DecodeConfig(max_new_tokens=args.tokens, stop_token_ids=stops,
                       max_drafts=max_drafts(cap, torch.device("cpu"), hf.dtype))
     model = peer.model
@@ -304,7 +313,8 @@ def main() -> None:
     flags = ", ".join(f for f, on in machine["cpu"]["flags"].items() if on) or "none of " + ", ".join(FLAGS)
     lines = [f"# Engines side by side on {args.target}: {len(prompts)} {args.benchmark} prompts (tuning split), "
              f"{args.tokens} tokens, {args.threads} thread(s), {args.repeats} repeats; specexp verifies "
-             + (f"at most {dc.max_drafts} drafts a round (--max-drafts {args.max_drafts})" if dc.max_drafts else
+             + (f"at most {dc.max_drafts} drafts a round (--max-drafts {args.max_drafts})"
+                if dc.max_drafts is not None else
                 "each drafter's own K drafts a round")
              + ("; specexp's linear layers packed for oneDNN (target.prepack), HF's peers stock"
                 if cpu_linear.is_packed(hf.model) else ""),

@@ -107,3 +107,28 @@ def test_a_drafter_beside_a_packed_target_is_packed_too_and_drafts_the_same(cfg_
         assert cpu_linear.is_packed(d.model) == (prepack == "auto")
         runs.append(generate(t, d, list(range(5, 17)), DecodeConfig(max_new_tokens=20)))
     assert runs[0].tokens == runs[1].tokens and runs[0].accept_lengths == runs[1].accept_lengths
+
+
+@needs_bf16
+def test_a_trainable_or_rewritten_weight_is_never_served_from_the_packed_copy():
+    lin = torch.nn.Linear(16, 8).to(torch.bfloat16)
+    ref = torch.nn.Linear(16, 8).to(torch.bfloat16)
+    ref.load_state_dict(lin.state_dict())
+    cpu_linear.pack(lin)
+    x = torch.randn(3, 16, dtype=torch.bfloat16)                          # no gradient to the input
+    lin(x).float().sum().backward()                                        # ... but one to the weight
+    assert lin.weight.grad is not None
+    with torch.no_grad():
+        lin.weight.mul_(2)                                                 # an optimizer step, in place
+        ref.weight.mul_(2)
+        assert torch.equal(lin(x), ref(x))                                 # not the stale packed copy
+
+
+@needs_bf16
+def test_the_compiled_step_refuses_a_packed_model(cfg_factory):
+    from specexp.static_target import StaticTarget
+
+    _, t = _target(cfg_factory, "true")
+    with pytest.raises(UserError, match="target.compile=true on a model whose linear layers are packed"):
+        StaticTarget.of(t, compile=True)
+    StaticTarget.of(t, compile=True, inductor=False)                       # the plain fixed-shape step is fine

@@ -36,6 +36,8 @@ from .kernels import cpu_linear
 from .log import get as get_logger
 from .schema import Settings, frozen
 
+LOG = get_logger(__name__)
+
 TARGETS = {
     "tiny_qwen3": targets.load_tiny_qwen3,
     "hub": targets.load_hub,
@@ -181,9 +183,6 @@ def fill_default_checkpoints(drafter_cfg, target_name: str):
         if OmegaConf.select(out, key, default="<absent>") is None:
             OmegaConf.update(out, key, value, merge=False)
     return out
-
-
-LOG = get_logger(__name__)
 
 
 def build_target(cfg, device, lean: bool = False):

@@ -59,6 +59,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import check
+from .kernels.cpu_linear import is_packed
 from .log import get as get_logger
 from .targets import Target
 
@@ -123,6 +124,9 @@ class StaticTarget(Target):
         when `inductor` (`unit`: see `_step_function`), and on CUDA captured as one graph per shape;
         `compile=False`: the eager step only."""
         check(unit in ("layer", "step"), f"unit={unit!r}: layer or step")
+        check(not (compile and inductor and is_packed(self.model)),
+              f"target {self.name}: target.compile=true on a model whose linear layers are packed for oneDNN "
+              "(target.prepack): inductor packs a compiled step's weights itself; load it with target.prepack=false")
         self.compiled, self.inductor, self.unit = bool(compile), bool(inductor), unit
         self.graphs = self.compiled and self.device.type == "cuda"        # one CUDA graph per shape (`_replay`)
         self._pool, self._graphs, self._step_fn, self._layer_fn = {}, {}, None, None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ from ..config import BenchmarkConfig, DecodingConfig, EvalConfig
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round, generate
 from ..errors import check
 from ..files import write_json, write_text_atomic
+from ..kernels import cpu_linear
 from ..machine import resolve_device
 from ..report.tables import summary_markdown
 from ..tracking import make_logger, run_info
@@ -114,7 +116,7 @@ def mismatch(target, prompt: list[int], spec: list[int], ar: list[int], near_tie
 def warmup(target, drafter, dc: DecodeConfig, n: int) -> None:
     """A few short generations first, so lazy initialisation and (on GPU) kernel selection are not timed."""
     ids = target.encode_chat([{"role": "user", "content": "Count from one to ten."}])
-    short = DecodeConfig(dc.protocol, dc.temperature, min(dc.max_new_tokens, 24), dc.stop_token_ids)
+    short = replace(dc, max_new_tokens=min(dc.max_new_tokens, 24))       # the timed runs' protocol and cap
     g = torch.Generator(device=target.device).manual_seed(0)
     for _ in range(n):
         generate(target, drafter, ids, short, g)
@@ -147,7 +149,8 @@ def run_eval(cfg, out_dir: Path) -> dict:
     with ResultStore(out_dir, run_settings(cfg, device), samples, shards.entry(selected, shard)) as store:
         resolved = OmegaConf.to_container(cfg, resolve=True)
         write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-        write_json(out_dir / "run_info.json", {**run_info(device), "target_source": target.source})
+        write_json(out_dir / "run_info.json", {**run_info(device), "target_source": target.source,
+                                               "target_prepacked": cpu_linear.is_packed(target.model)})
         logger = make_logger(cfg.logger, out_dir, resolved, name=f"{cfg.drafter.name}-{target.name}")
 
         done = store.done()

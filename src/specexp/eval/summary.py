@@ -30,7 +30,8 @@ def max_drafts(value, device, dtype) -> int | None:
     at most `CPU_BF16_MAX_DRAFTS`, since there a verify of k+1 rows grows with k (a matrix product against a 1-row
     step's matrix-vector product) while the later drafts are rarely accepted; elsewhere the drafter's own K (on a
     GPU a verify of 16 rows costs about one step; in fp32 on a CPU no cap was measurably faster). The output is the
-    target's whatever the cap; τ and a round's cost change."""
+    target's whatever the cap; τ and a round's cost change. It caps every drafter (a tree's depth, for EAGLE-3's
+    trees), though it was chosen on DFlash chains alone."""
     if value != "auto":
         return value
     return CPU_BF16_MAX_DRAFTS if torch.device(device).type == "cpu" and dtype == torch.bfloat16 else None

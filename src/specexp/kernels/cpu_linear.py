@@ -12,7 +12,8 @@ for bit (tests/test_cpu_linear.py checks logits and greedy tokens against the un
 that has been checked: a bf16 weight, a contiguous bf16 input on the CPU, and no gradient to carry (the packed op
 has no backward). Anything else, e.g. a DFlash training loss through the target's lm_head, runs the module's own
 `F.linear`. Each packed layer keeps its parameter (state_dict, `.weight` readers and tied embeddings are
-unchanged) and holds the packed copy beside it: the weights' memory twice.
+unchanged) and holds the packed copy beside it: the weights' memory twice. A packed model cannot be deep-copied,
+pickled or `torch.save`d whole (oneDNN's opaque tensor has no storage); its state_dict can.
 """
 from __future__ import annotations
 
@@ -52,10 +53,14 @@ def wanted(setting, device: torch.device, dtype: torch.dtype, compiled: bool = F
 
 
 def _forward(self, x: torch.Tensor) -> torch.Tensor:
-    # A strided input takes another path inside F.linear itself (other rounding), so only a contiguous one is packed.
+    # A strided input takes another path inside F.linear itself (other rounding), so only a contiguous one is packed;
+    # a gradient (to the input or the weight) needs F.linear's backward; a weight written since it was packed
+    # (an optimizer step, load_state_dict) would make the packed copy stale.
+    w = self.weight
     if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or not x.is_contiguous()
-            or (x.requires_grad and torch.is_grad_enabled())):
-        return F.linear(x, self.weight, self.bias)
+            or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+            or w._version != self.packed_version):
+        return F.linear(x, w, self.bias)
     return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
 
@@ -67,6 +72,7 @@ def pack(model: torch.nn.Module) -> int:
             if (type(m) is torch.nn.Linear and m.weight.dtype == torch.bfloat16 and m.weight.device.type == "cpu"
                     and "packed_weight" not in vars(m)):
                 vars(m)["packed_weight"] = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 1)
+                vars(m)["packed_version"] = m.weight._version
                 m.forward = types.MethodType(_forward, m)
                 n += 1
     return n
