@@ -132,3 +132,15 @@ def test_the_compiled_step_refuses_a_packed_model(cfg_factory):
     with pytest.raises(UserError, match="target.compile=true on a model whose linear layers are packed"):
         StaticTarget.of(t, compile=True)
     StaticTarget.of(t, compile=True, inductor=False)                       # the plain fixed-shape step is fine
+
+
+@needs_bf16
+def test_a_model_made_in_inference_mode_packs_and_runs():
+    with torch.inference_mode():
+        lin = torch.nn.Linear(16, 8).to(torch.bfloat16)
+        ref = torch.nn.Linear(16, 8).to(torch.bfloat16)
+        ref.load_state_dict(lin.state_dict())
+    assert cpu_linear.pack(lin) == 1
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(lin(x), ref(x))

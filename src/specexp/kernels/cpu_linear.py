@@ -2,15 +2,17 @@
 
 In bf16 on a CPU, `F.linear` goes to oneDNN, which reorders the weight into its blocked layout on every call: for the
 mini target's 49,152 x 576 lm_head that reorder costs more than the product (1 row: 3.9 ms a call, 1.1 ms with the
-weight packed once; 8 rows: 5.4 against 1.9; an AR step of the whole model 36.9 against 26.3 ms, a verify of 8 rows
-44.0 against 29.3; 2-core AVX512-BF16 EPYC, experiments/results/engine/). Packing once is what inductor's
-"freezing" does for a compiled CPU model; here it is done on the eager model, so both engines and every drafter
-that calls the target's modules (DFlash's draft projection is the target's lm_head) get it without a compilation.
+weight packed once; 8 rows: 5.4 against 1.9; 2-core AVX512-BF16 EPYC, 2 threads, one-off timings). In
+experiments/bench_engine.py an AR step of the static engine took 38.3 ms unpacked and 29.2 ms packed, a verify of 4
+rows 41.0 and 27.6 (experiments/results/engine/2026-12-05-epyc-avx512bf16-cap3/ and -prepack/). Packing once is
+what inductor's "freezing" does for a compiled CPU model; here it is done on the eager model, so both engines and
+every drafter that calls the target's modules (DFlash's draft projection is the target's lm_head) get it without a
+compilation.
 
 The packed product is the same oneDNN kernel without the per-call reorder, so its outputs are the unpacked call's bit
 for bit (tests/test_cpu_linear.py checks logits and greedy tokens against the unpacked model). It applies only where
-that has been checked: a bf16 weight, a contiguous bf16 input on the CPU, and no gradient to carry (the packed op
-has no backward). Anything else, e.g. a DFlash training loss through the target's lm_head, runs the module's own
+that has been checked: a bf16 weight, a contiguous bf16 input on the CPU, outside grad mode (the packed op has no
+backward). Anything else, e.g. a DFlash training loss through the target's lm_head, runs the module's own
 `F.linear`. Each packed layer keeps its parameter (state_dict, `.weight` readers and tied embeddings are
 unchanged) and holds the packed copy beside it: the weights' memory twice. A packed model cannot be deep-copied,
 pickled or `torch.save`d whole (oneDNN's opaque tensor has no storage); its state_dict can.
@@ -53,13 +55,13 @@ def wanted(setting, device: torch.device, dtype: torch.dtype, compiled: bool = F
 
 
 def _forward(self, x: torch.Tensor) -> torch.Tensor:
-    # A strided input takes another path inside F.linear itself (other rounding), so only a contiguous one is packed;
-    # a gradient (to the input or the weight) needs F.linear's backward; a weight written since it was packed
-    # (an optimizer step, load_state_dict) would make the packed copy stale.
-    w = self.weight
-    if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or not x.is_contiguous()
-            or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
-            or w._version != self.packed_version):
+    # F.linear instead: in grad mode (the packed op has no backward; the engines run in inference mode), for another
+    # dtype, for a strided input (F.linear itself takes another path for it, with other rounding) and for a weight
+    # written since it was packed (an optimizer step, load_state_dict: the packed copy would be stale). Checked in
+    # this order on every call, so the common case costs a few attribute reads.
+    w, v = self.weight, self.packed_version
+    if (torch.is_grad_enabled() or x.dtype is not torch.bfloat16 or not x.is_contiguous()
+            or (v is not None and w._version != v)):
         return F.linear(x, w, self.bias)
     return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
@@ -72,7 +74,8 @@ def pack(model: torch.nn.Module) -> int:
             if (type(m) is torch.nn.Linear and m.weight.dtype == torch.bfloat16 and m.weight.device.type == "cpu"
                     and "packed_weight" not in vars(m)):
                 vars(m)["packed_weight"] = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 1)
-                vars(m)["packed_version"] = m.weight._version
+                # a weight made in inference mode keeps no write count (and cannot be written outside it)
+                vars(m)["packed_version"] = None if m.weight.is_inference() else m.weight._version
                 m.forward = types.MethodType(_forward, m)
                 n += 1
     return n
