@@ -37,13 +37,14 @@ class CrashAt(L.Callback):
             raise Crash
 
 
-def train(cfg_factory, root, monkeypatch, ckpt_every, crash_at=None):
-    """`train=smoke` for 12 steps (3 epochs of the 4 smoke sequences); returns the exported weights."""
+def train(cfg_factory, root, monkeypatch, ckpt_every, crash_at=None, extra=(), before_resume=None):
+    """`train=smoke` for 12 steps (3 epochs of the 4 smoke sequences); returns the exported weights and the card.
+    `before_resume(root)` runs between the crash and the resume."""
     cfg = cfg_factory("task=train", "train=smoke", "train.max_steps=12", f"train.ckpt_every={ckpt_every}",
                       "train.num_anchors=4", "train.export_dtype=float32", f"train.export_dir={root / 'export'}",
                       f"paths.cache={root / 'cache'}")
     real = L.Trainer
-    extra = [Noise()] + ([CrashAt(crash_at)] if crash_at else [])
+    extra = [Noise(), *extra] + ([CrashAt(crash_at)] if crash_at else [])
     monkeypatch.setattr(L, "Trainer", lambda *a, callbacks=(), **k: real(*a, callbacks=[*callbacks, *extra], **k))
     try:
         seed_everything(0)                               # as `python -m specexp` does: torch.manual_seed(cfg.seed)
@@ -51,12 +52,14 @@ def train(cfg_factory, root, monkeypatch, ckpt_every, crash_at=None):
             with pytest.raises(Crash):
                 pipeline.run_train(cfg, root / "run")
             extra.pop()                                  # the rerun is not interrupted
+            if before_resume:
+                before_resume(root)
             seed_everything(123)                         # a new process: its generators start elsewhere
         card = pipeline.run_train(cfg, root / "run")
     finally:
         monkeypatch.setattr(L, "Trainer", real)
     assert card["steps"] == 12
-    return load_file(root / "export" / "model.safetensors")
+    return load_file(root / "export" / "model.safetensors"), card
 
 
 def seed_everything(seed):
@@ -65,13 +68,49 @@ def seed_everything(seed):
 
 @pytest.mark.slow
 def test_resumed_training_equals_the_uninterrupted_run(cfg_factory, tmp_path, monkeypatch):
-    whole = train(cfg_factory, tmp_path / "whole", monkeypatch, ckpt_every=3)
+    whole, _ = train(cfg_factory, tmp_path / "whole", monkeypatch, ckpt_every=3)
     # Crash at step 7, resume from step 6 (mid-epoch 1); crash at step 5, resume from step 4 (end of epoch 0).
     for crash_at, every in ((7, 3), (5, 4)):
-        resumed = train(cfg_factory, tmp_path / f"crash{crash_at}", monkeypatch, ckpt_every=every, crash_at=crash_at)
+        resumed, _ = train(cfg_factory, tmp_path / f"crash{crash_at}", monkeypatch, ckpt_every=every,
+                           crash_at=crash_at)
         assert whole.keys() == resumed.keys()
         diff = [k for k in whole if not torch.equal(whole[k], resumed[k])]
         assert not diff, (crash_at, diff)
+
+
+class Clock(L.Callback):
+    """A clock for resume.py that advances one second per trained batch, so a run's time counts its batches."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def on_train_batch_end(self, *a):
+        self.t += 1.0
+
+
+def strip_time(root):
+    """Makes the stage's last.ckpt one written before checkpoints kept the time trained."""
+    (ckpt,) = (root / "cache").rglob("last.ckpt")
+    state = torch.load(ckpt, weights_only=True)
+    (resume,) = [v for v in state["callbacks"].values() if "position" in v]
+    del resume["train_seconds"], resume["timed_from_step"]
+    torch.save(state, ckpt)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("old_checkpoint", [False, True])
+def test_a_resumed_runs_time_counts_every_segment(cfg_factory, tmp_path, monkeypatch, old_checkpoint):
+    # Crash after step 7, resume from the checkpoint of step 6: 6 batches timed before it, 6 after, batch 7's
+    # first try (lost with the crash) not counted. A checkpoint without a time: steps 6..12 only, and the card says so.
+    clock = Clock()
+    monkeypatch.setattr("specexp.training.resume.time.perf_counter", clock)
+    _, card = train(cfg_factory, tmp_path, monkeypatch, ckpt_every=3, crash_at=7, extra=[clock],
+                    before_resume=strip_time if old_checkpoint else None)
+    assert (card["train_seconds"], card["timed_from_step"]) == ((6.0, 6) if old_checkpoint else (12.0, 0))
+    assert ("steps 6..12 only" in pipeline.card_markdown(card)) == old_checkpoint
 
 
 def test_epoch_sampler_is_a_function_of_seed_and_epoch_and_skips_what_was_trained():

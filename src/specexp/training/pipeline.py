@@ -26,6 +26,7 @@ import resource
 import shutil
 import sys
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -230,7 +231,8 @@ def lightning_fit(train, logger, module, dataset, run_dir: Path, device: torch.d
                   wrap: tuple[type, ...] = ()):
     """Run Lightning on `module` over `dataset` (one sequence per batch) in `run_dir`, resuming from its last
     checkpoint, on `where` (training/distributed.py; default: `device` and the `train` keys), FSDP units per `wrap`
-    class. Returns (trainer, seconds, precision). The only place a Trainer is made."""
+    class. Returns (trainer, timing, precision), timing = {"train_seconds", "timed_from_step"}: the seconds trained
+    over every segment of a resumed run (resume.ResumeState). The only place a Trainer is made."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
@@ -239,6 +241,7 @@ def lightning_fit(train, logger, module, dataset, run_dir: Path, device: torch.d
 
     tc = TrainConfig.of(train)
     sampler = EpochSampler(len(dataset), tc.seed)
+    state = ResumeState(sampler)
     loader = torch.utils.data.DataLoader(dataset, batch_size=1, sampler=sampler, collate_fn=lambda xs: xs[0],
                                          generator=torch.Generator())
     loggers = [CSVLogger(str(run_dir), name="logs")]   # a resumed run logs to the next version_N, keeping the old
@@ -258,19 +261,26 @@ def lightning_fit(train, logger, module, dataset, run_dir: Path, device: torch.d
         gradient_clip_val=tc.grad_clip, accumulate_grad_batches=tc.accumulate, logger=loggers,
         log_every_n_steps=tc.log_every,
         callbacks=[ModelCheckpoint(dirpath=str(ckpt_dir), save_last=True, save_top_k=0,
-                                   every_n_train_steps=tc.ckpt_every), ResumeState(sampler), device_check(p.device),
+                                   every_n_train_steps=tc.ckpt_every), state, device_check(p.device),
                    *callbacks],
         enable_progress_bar=True, enable_model_summary=False, default_root_dir=str(run_dir),
     )
     last = last_checkpoint(ckpt_dir)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    t0 = time.perf_counter()
-    trainer.fit(module, loader, ckpt_path=last, weights_only=True)
-    return trainer, time.perf_counter() - t0, precision
+    with warnings.catch_warnings():     # Lightning's "dataloader is not resumable": resume.py makes a resume exact
+        warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
+        trainer.fit(module, loader, ckpt_path=last, weights_only=True)
+    return trainer, {"train_seconds": state.train_seconds(), "timed_from_step": state.timed_from_step or 0}, precision
 
 
 # ------------------------------------------------------------------------------------------------ cards
+def timed_from(card: dict) -> str:
+    """The caveat of a card whose time does not cover every step (resumed from a checkpoint without a time)."""
+    n = card.get("timed_from_step", 0)
+    return f" (steps {n}..{card['steps']} only: the checkpoint it resumed from kept no time)" if n else ""
+
+
 def card_markdown(card: dict) -> str:
     """The human-readable card next to a trained artifact (card.json holds everything)."""
     fm = card.get("final_metrics", {})
@@ -281,7 +291,7 @@ def card_markdown(card: dict) -> str:
              f"hash `{card['data_hash']}`",
              *(f"- {k}: {json.dumps(v) if isinstance(v, (dict, list)) else v}"
                for k, v in card.get("facts", {}).items()),
-             f"- training: {card['steps']} steps in {card['train_seconds']:.0f} s, peak memory "
+             f"- training: {card['steps']} steps in {card['train_seconds']:.0f} s{timed_from(card)}, peak memory "
              f"{card['peak_memory_mb']:.0f} MiB, precision {card['precision']}, "
              f"{card['trainable_params']:,} trainable parameters",
              "- final train metrics: " + ", ".join(f"{k.removeprefix('train/')} {v:.3f}" for k, v in sorted(fm.items())
@@ -355,7 +365,8 @@ def _train(cfg, out_dir: Path, where: Placement) -> dict:
     if trained.trainer is not None:
         _wandb_finish(trained.trainer, card, final)
     result = trained.result
-    log.LOG.info(f"trained {plan.kind}: {final} ({result['steps']} steps, {result['train_seconds']:.0f} s, "
+    log.LOG.info(f"trained {plan.kind}: {final} ({result['steps']} steps, {result['train_seconds']:.0f} s"
+                 f"{timed_from(result)}, "
                  f"peak {result['peak_memory_mb']:.0f} MiB)")
     return card
 
@@ -393,7 +404,7 @@ def train_or_reuse(cfg, ctx: TrainContext, plan: TrainPlan, run_dir: Path, out_d
         log.LOG.info(f"reusing {artifact}")
         return Trained(result, None)
     module = plan.module()
-    trainer, seconds, precision = lightning_fit(tc, cfg.logger, module, plan.dataset, run_dir, device, plan.epochs,
+    trainer, timing, precision = lightning_fit(tc, cfg.logger, module, plan.dataset, run_dir, device, plan.epochs,
                                                 OmegaConf.to_container(cfg, resolve=True), out_dir, where,
                                                 plan.fsdp_wrap)
     try:
@@ -405,7 +416,7 @@ def train_or_reuse(cfg, ctx: TrainContext, plan: TrainPlan, run_dir: Path, out_d
             plan.save(trained, tmp)
             shutil.rmtree(artifact, ignore_errors=True)
             os.replace(tmp, artifact)             # the artifact appears whole or not at all
-            result = {"steps": trainer.global_step, "train_seconds": seconds,
+            result = {"steps": trainer.global_step, **timing,
                       "peak_memory_mb": peak_memory_mb(device),
                       "peak_memory_reserved_mb": peak_memory_reserved_mb(device), "precision": precision,
                       "final_metrics": {k: float(v) for k, v in trainer.logged_metrics.items()},

@@ -18,12 +18,18 @@ resume on another number of ranks is refused, since the data each rank has seen 
 is given.
 The training modules' own per-step generators are seeded from (seed, global_step), which Lightning restores.
 
+Training time: `ResumeState` also stores the seconds trained up to each checkpoint, so a resumed run's card reports
+the time of all its segments (up to the checkpoints they resumed from; work redone after an interruption is counted
+once). A checkpoint written before this was kept has no such figure: the time then counts from the step it resumed
+at (`timed_from_step`), and the card says so.
+
 `last_checkpoint` refuses a truncated or corrupt `last.ckpt` with one line naming the file.
 """
 from __future__ import annotations
 
 import random
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
@@ -115,6 +121,18 @@ class ResumeState(L.Callback):
     def __init__(self, sampler: EpochSampler):
         self.sampler = sampler
         self._rng: dict | None = None
+        self.seconds_before = 0.0       # trained before this segment (restored from the checkpoint)
+        self.timed_from_step = 0        # the step the timing starts at: 0 unless the checkpoint had no time
+        self._start: float | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self.timed_from_step is None:
+            self.timed_from_step = trainer.global_step
+        self._start = time.perf_counter()
+
+    def train_seconds(self) -> float:
+        """Seconds trained since step `timed_from_step` (all segments, up to their checkpoints, and this one)."""
+        return self.seconds_before + (time.perf_counter() - self._start if self._start is not None else 0.0)
 
     def setup(self, trainer, pl_module, stage) -> None:
         self.sampler.shard(trainer.global_rank, trainer.world_size)
@@ -135,7 +153,8 @@ class ResumeState(L.Callback):
             rng = [None] * self.sampler.world
             torch.distributed.all_gather_object(rng, _rng_state())
         return {"epoch": self.sampler.epoch, "position": self.sampler.position, "rng": rng[0],
-                "world_size": self.sampler.world, **({"rng_ranks": rng} if len(rng) > 1 else {})}
+                "world_size": self.sampler.world, "train_seconds": self.train_seconds(),
+                "timed_from_step": self.timed_from_step, **({"rng_ranks": rng} if len(rng) > 1 else {})}
 
     def load_state_dict(self, state_dict: dict) -> None:
         world = state_dict.get("world_size", 1)        # checkpoints from before several ranks: one process
@@ -144,6 +163,10 @@ class ResumeState(L.Callback):
                             f"{self.sampler.world} (train.devices x train.num_nodes): an exact resume needs the "
                             f"same number; rerun with {world}, or delete the stage's checkpoints/ to restart")
         self.sampler.resume_at = (state_dict["epoch"], state_dict["position"])
+        if "train_seconds" in state_dict:
+            self.seconds_before, self.timed_from_step = state_dict["train_seconds"], state_dict["timed_from_step"]
+        else:                           # a checkpoint from before timing was kept: time from where it resumes
+            self.seconds_before, self.timed_from_step = 0.0, None
         self._rng = state_dict["rng_ranks"][self.sampler.rank] if world > 1 else state_dict["rng"]
 
 
