@@ -13,10 +13,13 @@ task=eval writes, samples gzipped):
   eval/<name>/         replays on the EVAL split (50 prompts per benchmark, all 30 of AIME25, 128 new tokens):
                        dflash, dflash_continued (the control), dels_rnn, dels_markov (at the weights chosen
                        on tune), dels_rnn-beta0 (the chosen α, β = 0), dels_rnn-learned (fusion=learned),
-                       domino_ft, dedit, dedit-causal, dedit-plain_mix, dedit-E<n> (edit passes),
-                       dedit-W<n> (window width)
+                       domino_ft (§5.7's 256 anchors), domino_ft-a64 (the earlier 64-anchor run), dedit,
+                       dedit-causal, dedit-plain_mix, dedit-E<n> (edit passes), dedit-W<n> (window width)
   online/<name>/       one online task=eval run per drafter on GSM8K (CPU speedup column)
-  cards/<name>.json    training cards (train_seconds, peak memory, trainable parameters) of dels_rnn, domino_ft,
+  train_cost/          train_cost.json of experiments/train_cost.py: the RNN head and Domino-FT trained side by side
+                       at equal anchors and equal steps (Table 5's row)
+  cards/<name>.json    training cards (train_seconds, peak memory, trainable parameters) of dels_rnn, domino_ft
+                       (and domino_ft-a64),
                        dflash_b8 and eagle3 (copies of the card.json of the checkpoints they name)
   xl/                  the same layout beside the 1.0M-token backbone (checkpoints/mini/smollm2_135m-dflash-b8-xl):
                        grid/, grid_markov/, eval/{dflash,dels_rnn,dels_rnn-beta0,dels_rnn-a0.3_b0.3,dels_markov};
@@ -312,17 +315,13 @@ def c_fixed_tuned_over_learned(x: Inputs):
     return _fixed_vs_learned(x, "eval/dels_rnn")
 
 
-def anchored_blocks(card: dict) -> int:
-    """Anchored blocks one training run saw: sequences x epochs x anchors per sequence (the card's recipe)."""
-    r = card["facts"]["recipe"]
-    return int(card["sequences"]) * int(r["epochs"]) * int(r["num_anchors"])
-
-
 def c_head_cheaper(x: Inputs):
     """Table 5's cost ratio. At Qwen3 scale Domino-FT's cost is the large target's forward passes (its head reads the
     target's features for every block) and their activations; the DeLS head reads tokens only. On a 135M target on a
     CPU that cost is small, so no mini timing decides the claim; the measurements are printed beside the verdict:
-    raw seconds, seconds per anchored block, trainable parameters (at equal steps) and peak memory."""
+    the side-by-side runs at equal anchors and equal steps (train_cost/train_cost.json, experiments/train_cost.py:
+    seconds per optimizer step and peak RSS, features cached and computed in the step), trainable parameters, and
+    the full runs' own cards (raw seconds, whatever the machine's load was then)."""
     import paper_values
 
     t5 = paper_values.load()["dels_t5"]
@@ -330,15 +329,32 @@ def c_head_cheaper(x: Inputs):
     (hd, md), (hh, mh) = ((row[k]["hours"], row[k]["memory_gb"]) for k in ("domino_ft", "dels_rnn"))
     paper = f"paper, Qwen3-4B: {hd:g} h / {hh:g} h = {hd / hh:.1f}× time, {md:g} GB / {mh:g} GB = {md / mh:.1f}× memory"
     head, dom = x.card("dels_rnn"), x.card("domino_ft")
-    bh, bd = anchored_blocks(head), anchored_blocks(dom)
-    per_block = (dom["train_seconds"] / bd) / (head["train_seconds"] / bh)
-    return (f"{paper}; mini (one run each, CPU, busy): {dom['train_seconds']:.0f} s / {head['train_seconds']:.0f} s "
-            f"= {dom['train_seconds'] / head['train_seconds']:.2f}× raw ({dom['facts']['recipe']['num_anchors']} / "
-            f"{head['facts']['recipe']['num_anchors']} anchors, {dom['steps']} / {head['steps']} steps), "
-            f"{per_block:.1f}× per anchored block, trainable parameters {dom['trainable_params']:,} / "
-            f"{head['trainable_params']:,} = {dom['trainable_params'] / head['trainable_params']:.1f}×, peak memory "
-            f"{dom['peak_memory_mb']:,.0f} / {head['peak_memory_mb']:,.0f} MiB = "
-            f"{dom['peak_memory_mb'] / head['peak_memory_mb']:.1f}×"), "not decidable at mini scale"
+    rh, rd = head["facts"]["recipe"], dom["facts"]["recipe"]
+    cards = (f"full runs (their cards; CPU, busy, {rd['num_anchors']} / {rh['num_anchors']} anchors, {dom['steps']} / "
+             f"{head['steps']} steps): {dom['train_seconds']:.0f} s{timed(dom)} / {head['train_seconds']:.0f} s"
+             f"{timed(head)}, trainable parameters {dom['trainable_params']:,} / {head['trainable_params']:,} = "
+             f"{dom['trainable_params'] / head['trainable_params']:.1f}×")
+    cost = x.root / "train_cost" / "train_cost.json"
+    if not cost.exists():
+        raise Missing("train_cost/train_cost.json (experiments/train_cost.py)")
+    c = json.loads(cost.read_text())
+    a = c["arms"]
+    side = (f"side by side ({a['dels_rnn']['anchors']} anchors, batch 1 × accumulation {a['dels_rnn']['accumulate']}, "
+            f"{c['steps']} steps × {c['repeats']} repeats, {c['threads']} threads, load {c['load_start']:.1f} → "
+            f"{c['load_end']:.1f}): s / step {a['domino_ft']['seconds_per_step']:.1f} / "
+            f"{a['dels_rnn']['seconds_per_step']:.1f} = {a['domino_ft']['time_ratio']:.2f}× "
+            f"[{a['domino_ft']['time_ratio_range'][0]:.2f}, {a['domino_ft']['time_ratio_range'][1]:.2f}]")
+    if "domino_ft-online" in a:
+        side += (f" ({a['domino_ft-online']['time_ratio']:.2f}× with the target's forward in the step, "
+                 f"peak RSS {a['domino_ft-online']['memory_ratio']:.2f}×)")
+    side += f", peak RSS {a['domino_ft']['memory_ratio']:.2f}×"
+    return f"{paper}; mini {side}; {cards}", "not decidable at mini scale"
+
+
+def timed(card: dict) -> str:
+    """A card's time that covers only the steps after a resume says so."""
+    n = card.get("timed_from_step", 0)
+    return f" (steps {n}–{card['steps']} only)" if n else ""
 
 
 def _trend(x: Inputs, prefix: str, what: str):
@@ -587,7 +603,7 @@ def tau_table(x: Inputs) -> list[str]:
     # the DEdit variants after DEdit (E2 is eval/dedit, the default passes, under a second name)
     variants = sorted(p.name for p in ev.glob("dedit-*") if p.name != "dedit-E2") if ev.is_dir() else []
     for name in ("dflash", "dflash_continued", "dels_rnn", "dels_markov", "dels_rnn-beta0", "dels_rnn-a0.3_b0.3",
-                 "dels_rnn-learned", "domino_ft", "dedit", *variants):
+                 "dels_rnn-learned", "domino_ft", "domino_ft-a64", "dedit", *variants):
         try:
             s = x.summary(f"eval/{name}")
         except Missing:
@@ -606,7 +622,9 @@ def tau_table(x: Inputs) -> list[str]:
 CONTROLS = [  # (A, B, what A − B tells)
     ("dflash_continued", "dflash", "what the extra steps alone buy DFlash (same data, one epoch, DFlash loss only)"),
     ("dedit", "dflash_continued", "DEdit's training beyond those extra steps (same data, same steps)"),
-    ("domino_ft", "dflash_continued", "Domino-FT beyond more DFlash training (its own anchors: its card)"),
+    ("domino_ft", "dflash_continued", "Domino-FT beyond more DFlash training (same data, one epoch)"),
+    ("domino_ft", "domino_ft-a64", "Domino-FT at §5.7's 256 anchors against the earlier run's 64 (same data, steps, "
+                                   "backbone)"),
 ]
 
 
@@ -697,8 +715,9 @@ def main(argv=None) -> None:
              "of a table or figure whose words were not transcribed. The scale caveat names what the claim depends on "
              "that differs between the papers' Qwen3-4B/8B on GPUs and this 135M target on a CPU.", "",
              "The Domino-FT rows (the share of its gain, the training cost, the best other drafter, the control) use "
-             "the 64-anchor Domino-FT (`cards/domino_ft.json`), a quarter of §5.7's 256 anchors, until the run of "
-             "`experiment=mini_domino_ft_256` (256 anchors, accumulation 4, its own export directory) lands.", "",
+             "the Domino-FT of §5.7's recipe (`cards/domino_ft.json`: 256 anchors, batch 1 × accumulation 4, one "
+             "epoch, `experiment=mini_domino_ft_256`); the earlier 64-anchor run is kept as `eval/domino_ft-a64` "
+             "(`cards/domino_ft-a64.json`), paired with it below the table.", "",
              "| source | claim | the paper's words | metric | test | measured effect [95% CI] | verdict | "
              "scale caveat |",
              "|---|---|---|---|---|---|---|---|"]
