@@ -330,7 +330,8 @@ def c_head_cheaper(x: Inputs):
     paper = f"paper, Qwen3-4B: {hd:g} h / {hh:g} h = {hd / hh:.1f}× time, {md:g} GB / {mh:g} GB = {md / mh:.1f}× memory"
     head, dom = x.card("dels_rnn"), x.card("domino_ft")
     rh, rd = head["facts"]["recipe"], dom["facts"]["recipe"]
-    cards = (f"full runs (their cards; CPU, busy, {rd['num_anchors']} / {rh['num_anchors']} anchors, {dom['steps']} / "
+    cards = (f"the full runs' cards (not a comparison: other threads and load; {rd['num_anchors']} / "
+             f"{rh['num_anchors']} anchors, {dom['steps']} / "
              f"{head['steps']} steps): {dom['train_seconds']:.0f} s{timed(dom)} / {head['train_seconds']:.0f} s"
              f"{timed(head)}, trainable parameters {dom['trainable_params']:,} / {head['trainable_params']:,} = "
              f"{dom['trainable_params'] / head['trainable_params']:.1f}×")
@@ -343,12 +344,17 @@ def c_head_cheaper(x: Inputs):
             f"{c['steps']} steps × {c['repeats']} repeats, {c['threads']} threads, load {c['load_start']:.1f} → "
             f"{c['load_end']:.1f}): s / step {a['domino_ft']['seconds_per_step']:.1f} / "
             f"{a['dels_rnn']['seconds_per_step']:.1f} = {a['domino_ft']['time_ratio']:.2f}× "
-            f"[{a['domino_ft']['time_ratio_range'][0]:.2f}, {a['domino_ft']['time_ratio_range'][1]:.2f}]")
+            f"({span(a['domino_ft']['time_ratio_range'])}), peak RSS {a['domino_ft']['memory_ratio']:.2f}×")
     if "domino_ft-online" in a:
-        side += (f" ({a['domino_ft-online']['time_ratio']:.2f}× with the target's forward in the step, "
-                 f"peak RSS {a['domino_ft-online']['memory_ratio']:.2f}×)")
-    side += f", peak RSS {a['domino_ft']['memory_ratio']:.2f}×"
+        o = a["domino_ft-online"]
+        side += (f" (the target's taps computed in the step: {o['time_ratio']:.2f}× time "
+                 f"({span(o['time_ratio_range'])}), {o['memory_ratio']:.2f}× RSS)")
     return f"{paper}; mini {side}; {cards}", "not decidable at mini scale"
+
+
+def span(r) -> str:
+    """A min–max range over repeats (not a confidence interval)."""
+    return f"range {r[0]:.2f}–{r[1]:.2f}"
 
 
 def timed(card: dict) -> str:

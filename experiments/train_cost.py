@@ -99,7 +99,9 @@ def markdown(res: dict) -> str:
                      f"{s['time_ratio']:.2f}× [{s['time_ratio_range'][0]:.2f}, {s['time_ratio_range'][1]:.2f}] | "
                      f"{s['peak_memory_mb']:,.0f} | {s['memory_ratio']:.2f}× |")
     lines += ["", "Ratios are paired within a repeat (the arms run back to back), median and range over repeats. "
-              "Peak RSS is the training process's whole resident peak (the target, the data, the module); "
+              "The load average (1 min) is read before the first run and after the last; the runs themselves put "
+              "about their threads on it. Peak RSS is the training process's whole resident peak (the target, the "
+              "data, the module); "
               "DeLS-Spec Table 5 reports GPU memory at Qwen3 scale, where the target's activations dominate."]
     return "\n".join(lines) + "\n"
 

@@ -354,8 +354,9 @@ def test_mini_claims_verdicts_follow_the_paired_cis(tmp_path):
     cheaper = rows["the local head is far cheaper to train than Domino-FT"]
     # the paper's Table 5 figures beside the mini's side-by-side ratios, which cannot decide it; a card timed from a
     # resume says which steps its time covers
-    assert "13.4 h / 1.1 h = 12.2× time" in cheaper and "31.0 / 10.0 = 3.10× [3.00, 3.20]" in cheaper
-    assert "3.30× with the target's forward in the step" in cheaper and "30 s (steps 2–3 only) / 100 s" in cheaper
+    assert "13.4 h / 1.1 h = 12.2× time" in cheaper and "31.0 / 10.0 = 3.10× (range 3.00–3.20)" in cheaper
+    assert "computed in the step: 3.30× time (range 3.20–3.40), 1.25× RSS" in cheaper
+    assert "30 s (steps 2–3 only) / 100 s" in cheaper
     assert verdict("the local head is far cheaper to train than Domino-FT") == "not decidable at mini scale"
 
 
