@@ -27,6 +27,8 @@ from pathlib import Path
 
 import yaml
 
+from specexp.training.pipeline import timed_from
+
 sys.path.insert(0, str(Path(__file__).parent))
 from paper_values import cite, comparison, diff, find_row, load, num  # noqa: E402
 
@@ -100,7 +102,8 @@ def cost_table(cards: list[Path]) -> str:
         p_time = "OOM" if row.get("oom") else unit(num(row.get("hours"), ".1f"), " h")
         p_mem = "OOM" if row.get("oom") else unit(num(row.get("memory_gb"), ".1f"), " GB")
         lines.append(f"| {c.name if c.is_dir() else c.stem} ({kind}) | {n_params} | {card['steps']} | "
-                     f"{card['train_seconds'] / 60:.1f} min | {gib(card['peak_memory_mb'])} | "
+                     f"{card['train_seconds'] / 60:.1f} min{timed_from(card, short=True)} | "
+                     f"{gib(card['peak_memory_mb'])} | "
                      f"{gib(card.get('peak_memory_reserved_mb'))} | {p_time} | {p_mem} | "
                      f"{unit(diff(hours, row.get('hours'), '+.1f'), ' h')} | "
                      f"{unit(diff(mem, row.get('memory_gb'), '+.1f'), ' GB')} |")

@@ -58,6 +58,7 @@ import torch
 from specexp import benchmarks
 from specexp.eval.compare import load_records
 from specexp.eval.metrics import paired_replicates, percentiles95
+from specexp.training.pipeline import timed_from
 
 ROOT = Path(__file__).resolve().parent / "results" / "mini_claims"
 FIXED_VS_LEARNED_TOLERANCE = 0.0  # τ: Table 4's "fixed above learned" holds when the CI of fixed − learned lies above
@@ -330,11 +331,11 @@ def c_head_cheaper(x: Inputs):
     paper = f"paper, Qwen3-4B: {hd:g} h / {hh:g} h = {hd / hh:.1f}× time, {md:g} GB / {mh:g} GB = {md / mh:.1f}× memory"
     head, dom = x.card("dels_rnn"), x.card("domino_ft")
     rh, rd = head["facts"]["recipe"], dom["facts"]["recipe"]
+    pd, ph = dom["trainable_params"], head["trainable_params"]
     cards = (f"the full runs' cards (not a comparison: other threads and load; {rd['num_anchors']} / "
-             f"{rh['num_anchors']} anchors, {dom['steps']} / "
-             f"{head['steps']} steps): {dom['train_seconds']:.0f} s{timed(dom)} / {head['train_seconds']:.0f} s"
-             f"{timed(head)}, trainable parameters {dom['trainable_params']:,} / {head['trainable_params']:,} = "
-             f"{dom['trainable_params'] / head['trainable_params']:.1f}×")
+             f"{rh['num_anchors']} anchors, {dom['steps']} / {head['steps']} steps): {dom['train_seconds']:.0f} s"
+             f"{timed_from(dom, short=True)} / {head['train_seconds']:.0f} s{timed_from(head, short=True)}, trainable "
+             f"parameters {pd:,} / {ph:,} = {pd / ph:.1f}×")
     cost = x.root / "train_cost" / "train_cost.json"
     if not cost.exists():
         raise Missing("train_cost/train_cost.json (experiments/train_cost.py)")
@@ -344,23 +345,18 @@ def c_head_cheaper(x: Inputs):
             f"{c['steps']} steps × {c['repeats']} repeats, {c['threads']} threads, load {c['load_start']:.1f} → "
             f"{c['load_end']:.1f}): s / step {a['domino_ft']['seconds_per_step']:.1f} / "
             f"{a['dels_rnn']['seconds_per_step']:.1f} = {a['domino_ft']['time_ratio']:.2f}× "
-            f"({span(a['domino_ft']['time_ratio_range'])}), peak RSS {a['domino_ft']['memory_ratio']:.2f}×")
+            f"({span(a['domino_ft']['time_ratio_range'])}), peak RSS {a['domino_ft']['memory_ratio']:.2f}× "
+            f"({span(a['domino_ft']['memory_ratio_range'])})")
     if "domino_ft-online" in a:
         o = a["domino_ft-online"]
         side += (f" (the target's taps computed in the step: {o['time_ratio']:.2f}× time "
-                 f"({span(o['time_ratio_range'])}), {o['memory_ratio']:.2f}× RSS)")
+                 f"({span(o['time_ratio_range'])}), {o['memory_ratio']:.2f}× RSS ({span(o['memory_ratio_range'])}))")
     return f"{paper}; mini {side}; {cards}", "not decidable at mini scale"
 
 
 def span(r) -> str:
     """A min–max range over repeats (not a confidence interval)."""
     return f"range {r[0]:.2f}–{r[1]:.2f}"
-
-
-def timed(card: dict) -> str:
-    """A card's time that covers only the steps after a resume says so."""
-    n = card.get("timed_from_step", 0)
-    return f" (steps {n}–{card['steps']} only)" if n else ""
 
 
 def _trend(x: Inputs, prefix: str, what: str):

@@ -1,8 +1,9 @@
 """Training cost of the DeLS-Spec local head against Domino-FT at equal anchors and equal steps (DeLS-Spec Table 5's
 comparison) on the mini target, measured side by side on one machine:
 
-    python experiments/train_cost.py --steps 12 --repeats 3 --threads 2 \
-        --out experiments/results/train_cost/<date>-<machine>
+    python experiments/train_cost.py --steps 8 --repeats 3 --threads 2 --out experiments/results/mini_claims/train_cost
+
+(the folder experiments/mini_claims.py reads for Table 5's row).
 
 Arms (both by §5.7's recipe: 256 anchored blocks per sequence, batch 1 x gradient accumulation 4, bf16-mixed, the
 same 1,928 mini_regen sequences in the same order, the frozen b8 backbone for Domino-FT):
@@ -13,12 +14,14 @@ same 1,928 mini_regen sequences in the same order, the frozen b8 backbone for Do
 Each run trains `--steps` optimizer steps from scratch in a process of its own (peak RSS is per process), with a
 fresh stage directory (a temporary cache that links the shared regen and feature stages, so nothing is rebuilt and
 nothing trained is reused); the arms are interleaved, `--repeats` rounds. Reported per arm: seconds per optimizer
-step (the card's train_seconds / steps: Lightning's fit from its first batch, the first step's warm-up included for
-every arm alike), median and range over the repeats, peak RSS, trainable parameters; and the ratios to dels_rnn
-paired within a round. The machine (CPU, flags, threads) and the load average before and after are recorded.
-Outputs: <out>/train_cost.json and train_cost.md. Needs the regen stage of data=mini_regen and, for domino_ft, its
-feature cache in the cache (`python -m specexp experiment=mini_domino_ft ...` builds both); a missing one is built
-inside the first run's temporary cache, and so timed nowhere but slow.
+step (the card's train_seconds / steps: from Lightning's train start, after setup and data loading, so the first
+step's warm-up is included for every arm alike), median and range over the repeats, peak RSS, trainable
+parameters; and the ratios to dels_rnn paired within a round. The machine (CPU, flags, threads) and the load
+average before and after are recorded.
+Outputs: <out>/train_cost.json and train_cost.md (a failed run leaves the finished repeats in
+train_cost.partial.json). Needs the regen stage of data=mini_regen and Domino-FT's feature cache in the cache
+(`python -m specexp experiment=mini_domino_ft_256` builds both); a stage missing there is built again inside every
+run's temporary cache: slow (about 20 min for the features), though outside the time measured.
 """
 from __future__ import annotations
 
@@ -55,10 +58,10 @@ def run_arm(arm: str, steps: int, threads: int, shared: Path, scratch: Path) -> 
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
-        sys.exit(f"{arm}: training failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{arm}: training failed ({done.returncode}):\n{done.stderr[-3000:]}")
     card = json.loads((scratch / "export" / "card.json").read_text())
     if card["steps"] != steps:
-        sys.exit(f"{arm}: trained {card['steps']} steps, not {steps}")
+        raise RuntimeError(f"{arm}: trained {card['steps']} steps, not {steps}")
     return {"seconds_per_step": card["train_seconds"] / card["steps"], "train_seconds": card["train_seconds"],
             "steps": card["steps"], "peak_memory_mb": card["peak_memory_mb"],
             "trainable_params": card["trainable_params"], "anchors": card["facts"]["recipe"]["num_anchors"],
@@ -90,14 +93,15 @@ def markdown(res: dict) -> str:
              f"CPU {m['cpu']} ({m['cores']} cores; flags: {', '.join(m['cpu_flags']) or 'none'}); torch "
              f"{res['torch']}. Command: `{res['command']}`", "",
              "| arm | anchors | batch × accumulation | precision | trainable parameters | s / optimizer step "
-             "(median [range]) | × RNN head | peak RSS MiB | × RNN head |",
+             "(median [range]) | × RNN head [range] | peak RSS MiB (median) | × RNN head [range] |",
              "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for arm, s in res["arms"].items():
         rng = s["seconds_per_step_range"]
         lines.append(f"| {arm} | {s['anchors']} | 1 × {s['accumulate']} | {s['precision']} | "
                      f"{s['trainable_params']:,} | {s['seconds_per_step']:.2f} [{rng[0]:.2f}, {rng[1]:.2f}] | "
                      f"{s['time_ratio']:.2f}× [{s['time_ratio_range'][0]:.2f}, {s['time_ratio_range'][1]:.2f}] | "
-                     f"{s['peak_memory_mb']:,.0f} | {s['memory_ratio']:.2f}× |")
+                     f"{s['peak_memory_mb']:,.0f} | {s['memory_ratio']:.2f}× [{s['memory_ratio_range'][0]:.2f}, "
+                     f"{s['memory_ratio_range'][1]:.2f}] |")
     lines += ["", "Ratios are paired within a repeat (the arms run back to back), median and range over repeats. "
               "The load average (1 min) is read before the first run and after the last; the runs themselves put "
               "about their threads on it. Peak RSS is the training process's whole resident peak (the target, the "
@@ -115,10 +119,10 @@ def main():
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     arms = args.arms.split(",")
-    bad = [a for a in arms if a not in ARMS]
+    bad = [a for a in arms if a not in ARMS] or ([] if len(set(arms)) == len(arms) else ["an arm repeated"])
     if bad or "dels_rnn" not in arms:
-        ap.error(f"--arms {args.arms!r}: {bad or 'dels_rnn missing'}; choose from {', '.join(ARMS)} (dels_rnn "
-                 f"included: the ratios are to it)")
+        ap.error(f"--arms {args.arms!r}: {bad or 'dels_rnn missing'}; choose each at most once from "
+                 f"{', '.join(ARMS)} (dels_rnn included: the ratios are to it)")
     if args.steps < 1 or args.repeats < 1:
         ap.error(f"--steps {args.steps} / --repeats {args.repeats}: both must be at least 1")
     import torch
@@ -129,18 +133,23 @@ def main():
 
     shared = cache_root(os.environ.get("SPECEXP_CACHE", "~/.cache/specexp")) / "stages"
     load_start, rounds = os.getloadavg()[0], []
+    args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="train_cost-") as tmp, \
             tqdm(total=args.repeats * len(arms), desc="training runs", unit="run") as bar:
         for r in range(args.repeats):
-            rounds.append({})
+            done = {}
             for arm in arms:
-                rounds[-1][arm] = run_arm(arm, args.steps, args.threads, shared, Path(tmp) / f"{r}-{arm}")
+                try:
+                    done[arm] = run_arm(arm, args.steps, args.threads, shared, Path(tmp) / f"{r}-{arm}")
+                except RuntimeError as e:       # keep what finished; the complete outputs stay as they were
+                    (args.out / "train_cost.partial.json").write_text(json.dumps({"rounds": rounds}, indent=1))
+                    sys.exit(f"{e}\n({len(rounds)} finished repeat(s) in {args.out / 'train_cost.partial.json'})")
                 bar.update()
+            rounds.append(done)
     res = {"steps": args.steps, "repeats": args.repeats, "threads": args.threads, "load_start": load_start,
            "load_end": os.getloadavg()[0], "machine": machine.describe(torch.device("cpu")), "torch": torch.__version__,
            "command": "python experiments/train_cost.py " + " ".join(sys.argv[1:]), "arms": summarize(rounds),
            "runs": rounds}
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "train_cost.json").write_text(json.dumps(res, indent=1) + "\n")
     (args.out / "train_cost.md").write_text(markdown(res))
     print(markdown(res))

@@ -331,6 +331,7 @@ def test_mini_claims_verdicts_follow_the_paired_cis(tmp_path):
              "steps": 3, "trainable_params": 400 if name == "domino_ft" else 100, "peak_memory_mb": 2048.0, **extra}))
     arm = lambda sps, ratio, mem: {"seconds_per_step": sps, "time_ratio": ratio,  # noqa: E731
                                    "time_ratio_range": [ratio - .1, ratio + .1], "memory_ratio": mem,
+                                   "memory_ratio_range": [mem - .05, mem + .05],
                                    "anchors": 256, "accumulate": 4}
     (tmp_path / "train_cost").mkdir()
     (tmp_path / "train_cost" / "train_cost.json").write_text(json.dumps(
@@ -355,7 +356,7 @@ def test_mini_claims_verdicts_follow_the_paired_cis(tmp_path):
     # the paper's Table 5 figures beside the mini's side-by-side ratios, which cannot decide it; a card timed from a
     # resume says which steps its time covers
     assert "13.4 h / 1.1 h = 12.2× time" in cheaper and "31.0 / 10.0 = 3.10× (range 3.00–3.20)" in cheaper
-    assert "computed in the step: 3.30× time (range 3.20–3.40), 1.25× RSS" in cheaper
+    assert "computed in the step: 3.30× time (range 3.20–3.40), 1.25× RSS (range 1.20–1.30))" in cheaper
     assert "30 s (steps 2–3 only) / 100 s" in cheaper
     assert verdict("the local head is far cheaper to train than Domino-FT") == "not decidable at mini scale"
 
@@ -474,3 +475,31 @@ def test_bench_verify_rows_prints_every_row_count(tmp_path):
     r = json.loads((tmp_path / "verify_rows.json").read_text())
     assert [x["rows"] for x in r["rows"]] == [1, 2, 3] and r["rows"][0]["draft_ms"] is None
     assert all(x["draft_ms"] > 0 for x in r["rows"][1:]) and len(r["linear_ms"]["lm_head"]) == 3
+
+
+def test_train_cost_pairs_each_arm_with_the_head_of_its_own_repeat(tmp_path):
+    """experiments/train_cost.py: ratios are taken within a repeat (a slow repeat slows every arm in it), then the
+    median and range over repeats; bad --arms are one line before any training."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import train_cost
+
+    run = lambda sps, mb: {"seconds_per_step": sps, "peak_memory_mb": mb, "trainable_params": 7,  # noqa: E731
+                           "anchors": 256, "accumulate": 4, "precision": "bf16-mixed"}
+    rounds = [{"dels_rnn": run(1.0, 100.0), "domino_ft": run(2.0, 150.0)},
+              {"dels_rnn": run(3.0, 200.0), "domino_ft": run(6.3, 220.0)},     # a busy repeat: both slower
+              {"dels_rnn": run(1.1, 100.0), "domino_ft": run(2.2, 130.0)}]
+    arms = train_cost.summarize(rounds)
+    assert arms["domino_ft"]["time_ratio"] == pytest.approx(2.0) and arms["domino_ft"]["time_ratio_range"] == \
+        pytest.approx([2.0, 2.1])
+    assert arms["domino_ft"]["seconds_per_step"] == 2.2 and arms["domino_ft"]["memory_ratio_range"] == \
+        pytest.approx([1.1, 1.5])
+    md = train_cost.markdown({"steps": 2, "repeats": 3, "threads": 2, "load_start": 0.1, "load_end": 1.9,
+                              "machine": {"cpu": "c", "cores": 2, "cpu_flags": []}, "torch": "t", "command": "x",
+                              "arms": arms})
+    assert "| domino_ft | 256 | 1 × 4 | bf16-mixed | 7 | 2.20 [2.00, 6.30] | 2.00× [2.00, 2.10] | 150 | 1.30× " \
+           "[1.10, 1.50] |" in md
+    for bad, why in (("dels_rnn,dels_rnn", "an arm repeated"), ("domino_ft", "dels_rnn missing"),
+                     ("dels_rnn,eagle", "eagle")):
+        out = subprocess.run([sys.executable, str(ROOT / "experiments" / "train_cost.py"), "--arms", bad, "--out",
+                              str(tmp_path)], capture_output=True, text=True)
+        assert out.returncode == 2 and why in out.stderr and not any(tmp_path.iterdir())

@@ -106,7 +106,7 @@ def test_a_resumed_runs_time_counts_every_segment(cfg_factory, tmp_path, monkeyp
     # Crash after step 7, resume from the checkpoint of step 6: 6 batches timed before it, 6 after, batch 7's
     # first try (lost with the crash) not counted. A checkpoint without a time: steps 6..12 only, and the card says so.
     clock = Clock()
-    monkeypatch.setattr("specexp.training.resume.time.perf_counter", clock)
+    monkeypatch.setattr("specexp.training.resume.clock", clock)
     _, card = train(cfg_factory, tmp_path, monkeypatch, ckpt_every=3, crash_at=7, extra=[clock],
                     before_resume=strip_time if old_checkpoint else None)
     assert (card["train_seconds"], card["timed_from_step"]) == ((6.0, 6) if old_checkpoint else (12.0, 0))

@@ -282,7 +282,9 @@ def cost_table(trainings: list[Training]) -> str:
         fm = c.get("final_metrics", {})
         what = c.get("title") or c.get("kind") or (c.get("head") or {}).get("architecture") or "–"
         rows.append([html.escape(t.name), html.escape(str(what)), _f(c.get("steps"), "d"),
-                     _f(c.get("train_seconds"), ".0f"), _f(c.get("peak_memory_mb"), ".0f"),
+                     _f(c.get("train_seconds"), ".0f") + (f" (steps {c['timed_from_step']}+)"
+                                                          if c.get("timed_from_step") else ""),
+                     _f(c.get("peak_memory_mb"), ".0f"),
                      _f(c.get("trainable_params"), ",d"), html.escape(str(c.get("precision", "–"))),
                      _f(c.get("sequences"), "d"), _f(fm.get("train/loss"), ".3f")])
     return _table(["training", "trained part", "steps", "time s", "peak memory MiB", "trainable params",

@@ -271,14 +271,18 @@ def lightning_fit(train, logger, module, dataset, run_dir: Path, device: torch.d
     with warnings.catch_warnings():     # Lightning's "dataloader is not resumable": resume.py makes a resume exact
         warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
         trainer.fit(module, loader, ckpt_path=last, weights_only=True)
-    return trainer, {"train_seconds": state.train_seconds(), "timed_from_step": state.timed_from_step or 0}, precision
+    start = trainer.global_step if state.timed_from_step is None else state.timed_from_step   # None: a resume at the
+    return trainer, {"train_seconds": state.train_seconds(), "timed_from_step": start}, precision  # last step
 
 
 # ------------------------------------------------------------------------------------------------ cards
-def timed_from(card: dict) -> str:
+def timed_from(card: dict, short: bool = False) -> str:
     """The caveat of a card whose time does not cover every step (resumed from a checkpoint without a time)."""
     n = card.get("timed_from_step", 0)
-    return f" (steps {n}..{card['steps']} only: the checkpoint it resumed from kept no time)" if n else ""
+    if not n:
+        return ""
+    return f" (steps {n}–{card['steps']} only)" if short else (f" (steps {n}..{card['steps']} only: the checkpoint it "
+                                                               f"resumed from kept no time)")
 
 
 def card_markdown(card: dict) -> str:
@@ -488,8 +492,8 @@ def _wandb_finish(trainer, card: dict, final: Path) -> None:
             import wandb
 
             run = lg.experiment
-            run.summary.update({f"train/{k}": card[k] for k in ("steps", "train_seconds", "peak_memory_mb",
-                                                                 "trainable_params") if k in card})
+            run.summary.update({f"train/{k}": card[k] for k in ("steps", "train_seconds", "timed_from_step",
+                                                                 "peak_memory_mb", "trainable_params") if k in card})
             art = wandb.Artifact(f"{card['kind']}-{Path(card['run_dir']).name}", type="model",
                                  metadata={k: v for k, v in card.items() if k not in ("train", "final_metrics")})
             art.add_dir(str(final))

@@ -19,9 +19,10 @@ is given.
 The training modules' own per-step generators are seeded from (seed, global_step), which Lightning restores.
 
 Training time: `ResumeState` also stores the seconds trained up to each checkpoint, so a resumed run's card reports
-the time of all its segments (up to the checkpoints they resumed from; work redone after an interruption is counted
-once). A checkpoint written before this was kept has no such figure: the time then counts from the step it resumed
-at (`timed_from_step`), and the card says so.
+the time of all its segments (from Lightning's train start, after setup and the checkpoint's restore, up to the
+checkpoints they resumed from; work redone after an interruption is counted once). A checkpoint written before
+this was kept has no such figure: the time then counts from the step it resumed at (`timed_from_step`), and the
+card says so.
 
 `last_checkpoint` refuses a truncated or corrupt `last.ckpt` with one line naming the file.
 """
@@ -29,8 +30,8 @@ from __future__ import annotations
 
 import random
 import sys
-import time
 from pathlib import Path
+from time import perf_counter as clock  # resume's own name: a test replaces it, not time's
 
 import lightning as L
 import torch
@@ -128,11 +129,11 @@ class ResumeState(L.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         if self.timed_from_step is None:
             self.timed_from_step = trainer.global_step
-        self._start = time.perf_counter()
+        self._start = clock()
 
     def train_seconds(self) -> float:
         """Seconds trained since step `timed_from_step` (all segments, up to their checkpoints, and this one)."""
-        return self.seconds_before + (time.perf_counter() - self._start if self._start is not None else 0.0)
+        return self.seconds_before + (clock() - self._start if self._start is not None else 0.0)
 
     def setup(self, trainer, pl_module, stage) -> None:
         self.sampler.shard(trainer.global_rank, trainer.world_size)
