@@ -33,6 +33,8 @@ def test_train_task_writes_head_and_evaluates(cfg_factory, tiny_target, tmp_path
     card = run_train(cfg, tmp_path / "run")
     assert card["steps"] == 4 and card["trainable_params"] > 0 and card["peak_memory_mb"] > 0
     assert card["train_seconds"] > 0 and card["facts"]["head"]["alignment"] == "unshifted"
+    # the card's train block holds what the head trained with, not the train group's DFlash values
+    assert (card["train"]["num_anchors"], card["train"]["epochs"]) == (8, 1) and card["timed_from_step"] == 0
     out = tmp_path / "head"
     assert {"config.json", "model.safetensors", "card.json"} <= {p.name for p in out.iterdir()}
     assert domino.load_head(out, "x").config.gru_hidden == 64

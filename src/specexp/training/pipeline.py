@@ -451,13 +451,15 @@ def make_card(ctx: TrainContext, plan: TrainPlan, result: dict, run_dir: Path, f
               lean: bool) -> dict:
     """card.json: the training result, what was trained on what data, the command and where the artifact is."""
     seqs, tc = ctx.seqs, ctx.train
+    train, recipe = tc.to_dict(), plan.facts.get("recipe", {})
+    train.update({k: recipe[k] for k in train.keys() & recipe.keys()})  # a head's own drafter.head.train values
     return {**result, "kind": plan.kind, "title": plan.title, "facts": plan.facts,
             "command": "python -m specexp " + " ".join(sys.argv[1:]), "data_hash": ctx.data_hash,
             "sequences": len(seqs), "response_tokens": sum(int(s.loss_mask.sum()) for s in seqs),
             **whole,
             "target": ctx.target.name,
             "target_parts": "embedding and lm_head only" if lean else "whole",
-            "target_source": ctx.target.source, "train": tc.to_dict(),
+            "target_source": ctx.target.source, "train": train,
             "run_dir": str(run_dir), "checkpoint": str(final.resolve())}
 
 
