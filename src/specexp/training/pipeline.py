@@ -271,8 +271,7 @@ def lightning_fit(train, logger, module, dataset, run_dir: Path, device: torch.d
     with warnings.catch_warnings():     # Lightning's "dataloader is not resumable": resume.py makes a resume exact
         warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
         trainer.fit(module, loader, ckpt_path=last, weights_only=True)
-    start = trainer.global_step if state.timed_from_step is None else state.timed_from_step   # None: a resume at the
-    return trainer, {"train_seconds": state.train_seconds(), "timed_from_step": start}, precision  # last step
+    return trainer, state.timing(trainer.global_step), precision
 
 
 # ------------------------------------------------------------------------------------------------ cards

@@ -135,6 +135,12 @@ class ResumeState(L.Callback):
         """Seconds trained since step `timed_from_step` (all segments, up to their checkpoints, and this one)."""
         return self.seconds_before + (clock() - self._start if self._start is not None else 0.0)
 
+    def timing(self, step: int) -> dict:
+        """The card's time at the end of a fit that stopped at `step`. A fit resumed at its last step from a checkpoint
+        without a time never starts training (no `on_train_start`): timed from that step, 0 s."""
+        start = step if self.timed_from_step is None else self.timed_from_step
+        return {"train_seconds": self.train_seconds(), "timed_from_step": start}
+
     def setup(self, trainer, pl_module, stage) -> None:
         self.sampler.shard(trainer.global_rank, trainer.world_size)
 
