@@ -342,6 +342,8 @@ class ReplayConfig(Settings):
     tap_cache: bool = True
     tap_cache_dir: str | None = None
     batched: bool = True
+    batch_size: Any = setting("auto", lambda v: v == "auto" or is_int(1, MAX_BATCH)(v),
+                              f"an int >= 1 or auto; {upto(MAX_BATCH)}")
     near_tie: float = setting(0.01, is_num(0), "a finite number >= 0 (a top-2 logit gap)")
     fusion_grid: FusionGridConfig = setting(factory=FusionGridConfig)
 

@@ -96,6 +96,27 @@ class StaticKV:
         return self.length
 
 
+@dataclass
+class RowsKV:
+    """The caches of B independent sequences in one pair of buffers `[L, B, Hkv, S, D]` (batched generation,
+    decoding/batch.py): row b holds positions `0 .. lengths[b]-1` of its own sequence. A row is filled by a prefill
+    of its own (`row(b)`, the batch-1 forward on a view of its slice), then advanced one token a step for all rows
+    at once (`StaticTarget.decode_rows`)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    lengths: list[int]
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
+
+    def row(self, b: int) -> StaticKV:
+        """Row b as an empty batch-1 cache on the same memory (a prefill writes the batched buffers)."""
+        self.lengths[b] = 0
+        return StaticKV(self.k[:, b:b + 1], self.v[:, b:b + 1])
+
+
 class StaticTarget(Target):
     """A `Target` whose `forward`, `new_cache`, `rollback` and `keep` run on a `StaticKV` (module docstring)."""
 
@@ -183,6 +204,65 @@ class StaticTarget(Target):
             new = old.new_zeros((*old.shape[:3], size, old.shape[4]))
             new[:, :, :, :cache.length] = old[:, :, :, :cache.length]
             setattr(cache, name, new)
+
+    def new_rows_cache(self, rows: int, capacity: int) -> RowsKV:
+        """Buffers for `rows` sequences of up to `capacity` positions each (batched generation)."""
+        check(rows >= 1, f"a batch of {rows} rows: at least 1")
+        size = min(capacity, self.max_context)
+        shape = (self.num_layers, rows, self.kv_heads, size, self.head_dim)
+        dev, dt = self.device, self.dtype
+        return RowsKV(torch.zeros(shape, dtype=dt, device=dev), torch.zeros(shape, dtype=dt, device=dev), [0] * rows)
+
+    def grow_rows(self, cache: RowsKV, end: int) -> None:
+        """Reallocate a batch's buffers for at least `end` positions a row (doubling), keeping every row."""
+        check(end <= self.max_context, f"target {self.name}: {end} positions exceed its context of "
+                                       f"{self.max_context}")
+        if end <= cache.capacity:
+            return
+        size, keep = min(max(end, 2 * cache.capacity), self.max_context), max(cache.lengths)
+        for name in ("k", "v"):
+            old = getattr(cache, name)
+            new = old.new_zeros((*old.shape[:3], size, old.shape[4]))
+            new[:, :, :, :keep] = old[:, :, :, :keep]
+            setattr(cache, name, new)
+
+    @torch.inference_mode()
+    def decode_rows(self, ids: torch.Tensor, cache: RowsKV, live: Sequence[bool]) -> torch.Tensor:
+        """One greedy step of every row: `ids [B]` (each row's newest token) at position `lengths[b]`, written to
+        the row's cache at that slot; returns the logits `[B, V]`. Row b attends to its own columns `0 ..
+        lengths[b]` only (a mask over the batch's window of `max(lengths) + 1` columns; a masked score is -inf,
+        its weight exactly 0). A row that is not `live` (its sequence ended, none left to refill it) runs
+        along on its last token and keeps its length; its logits are to be ignored. The rows of a step share
+        every matrix product, which is the point: on a memory-bound device a step of B rows costs about what
+        one row costs."""
+        check(not self.lean, f"target {self.name} was loaded without its decoder layers; it cannot run a forward")
+        b, dev = ids.shape[0], ids.device
+        lengths = torch.tensor(cache.lengths, device=dev)                                       # [B]
+        end = max(cache.lengths) + 1
+        if end > cache.capacity:
+            self.grow_rows(cache, end)
+        rows = torch.arange(b, device=dev)
+        mask = (torch.arange(end, device=dev)[None] <= lengths[:, None])[:, None, None]         # [B, 1, 1, W]
+        body = self.model.model
+        x = body.embed_tokens(ids[:, None])                                                     # [B, 1, H]
+        cos, sin = body.rotary_emb(x, lengths[:, None])
+        d = self.head_dim
+        for i, layer in enumerate(body.layers):
+            attn, h = layer.self_attn, layer.input_layernorm(x)
+            q = attn.q_proj(h).view(b, 1, -1, d)                                                # [B, 1, Hq, D]
+            k = attn.k_proj(h).view(b, 1, -1, d)                                                # [B, 1, Hkv, D]
+            if hasattr(attn, "q_norm"):
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = self._rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)                  # [B, H, 1, D]
+            cache.k[i, rows, :, lengths] = k[:, :, 0]                                           # [B, Hkv, D]
+            cache.v[i, rows, :, lengths] = attn.v_proj(h).view(b, -1, d)
+            out = F.scaled_dot_product_attention(q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], attn_mask=mask,
+                                                 scale=self.scaling, enable_gqa=True)          # [B, Hq, 1, D]
+            x = x + attn.o_proj(out.transpose(1, 2).reshape(b, 1, -1))                          # [B, 1, H]
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        for r, alive in enumerate(live):
+            cache.lengths[r] += bool(alive)
+        return self.model.lm_head(body.norm(x))[:, 0]                                           # [B, V]
 
     @staticmethod
     def rollback(cache: StaticKV, k: int) -> None:

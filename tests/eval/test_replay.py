@@ -193,8 +193,9 @@ def test_references_are_cached_resumed_exported_and_imported(cfg_factory, tmp_pa
     from specexp.eval import references, replay
 
     calls = []
-    real = references.compute_reference
-    monkeypatch.setattr(replay, "compute_reference", lambda *a: calls.append(a[1].id) or real(*a))
+    real = references.compute_references
+    monkeypatch.setattr(replay, "compute_references",
+                        lambda t, samples, *a: calls.extend(s.id for s in samples) or real(t, samples, *a))
     base = ["task=replay", "benchmark=gsm8k", "eval.max_new_tokens=12", "drafter.block_size=4"]
     c1 = [*base, f"paths.cache={tmp_path / 'c1'}"]
     replay.run_replay(cfg_factory(*c1, "eval.num_samples=2"), tmp_path / "r1")

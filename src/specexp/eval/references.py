@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from .. import files
-from ..decoding.engine import DecodeConfig, generate
+from ..decoding.batch import generate_batched
+from ..decoding.engine import DecodeConfig, Generation, generate
 from ..errors import UserError, check, differing_keys
 
 FORMAT_VERSION = 1
@@ -147,20 +148,67 @@ def turn_prompt(target, messages: list[dict]) -> list[int]:
     return target.encode_chat(messages)
 
 
+class SampleJob:
+    """One sample's turns as the reference run decodes them: each next user turn follows the target's own decoded
+    previous answer. `next_prompt` (decoding/batch.py's job protocol) hands out the turns' prompts in order; once
+    it returns None, `reference` is the sample's store record."""
+
+    def __init__(self, target, sample, dc: DecodeConfig):
+        self.target, self.sample, self.dc = target, sample, dc
+        self.messages: list[dict] = []
+        self.turns: list[dict] = []
+        self._prompt: list[int] = []
+
+    def next_prompt(self, previous: Generation | None) -> list[int] | None:
+        if previous is not None:
+            self.turns.append({"prompt_len": len(self._prompt), "prompt_sha256": prompt_sha(self._prompt),
+                               "tokens": previous.tokens, "stop_reason": previous.stop_reason})
+            self.messages.append({"role": "assistant", "content": self.target.decode(previous.tokens)})
+        if len(self.turns) == len(self.sample.turns):
+            return None
+        self.messages.append({"role": "user", "content": self.sample.turns[len(self.turns)]})
+        ids = turn_prompt(self.target, self.messages)
+        check(len(ids) + self.dc.max_new_tokens <= self.target.max_context,
+              f"sample {self.sample.id}: prompt of {len(ids)} tokens + eval.max_new_tokens={self.dc.max_new_tokens} "
+              f"exceeds the target context of {self.target.max_context}; lower eval.max_new_tokens")
+        self._prompt = ids
+        return ids
+
+    @property
+    def reference(self) -> dict:
+        s = self.sample
+        return {"benchmark": s.benchmark, "id": s.id, "key": sample_key(s), "turns": self.turns}
+
+
 def compute_reference(target, sample, dc: DecodeConfig) -> dict:
     """All turns of one sample by greedy AR decoding, exactly as `task=eval drafter=none` runs them."""
-    messages, turns = [], []
-    for user in sample.turns:
-        messages.append({"role": "user", "content": user})
-        ids = turn_prompt(target, messages)
-        check(len(ids) + dc.max_new_tokens <= target.max_context,
-              f"sample {sample.id}: prompt of {len(ids)} tokens + eval.max_new_tokens={dc.max_new_tokens} exceeds "
-              f"the target context of {target.max_context}; lower eval.max_new_tokens")
+    job = SampleJob(target, sample, dc)
+    gen = None
+    while (ids := job.next_prompt(gen)) is not None:
         gen = generate(target, None, ids, dc)
-        turns.append({"prompt_len": len(ids), "prompt_sha256": prompt_sha(ids), "tokens": gen.tokens,
-                      "stop_reason": gen.stop_reason})
-        messages.append({"role": "assistant", "content": target.decode(gen.tokens)})
-    return {"benchmark": sample.benchmark, "id": sample.id, "key": sample_key(sample), "turns": turns}
+    return job.reference
+
+
+def compute_references(target, samples, dc: DecodeConfig, batch_size: int, on_done) -> None:
+    """Every sample's reference, `on_done(record)` as each finishes: at batch 1 one sample at a time through the
+    target's own engine (`compute_reference`), else `batch_size` prompts side by side through the static engine
+    (decoding/batch.py: a row that finishes takes the next turn or sample). Either way a record is the same
+    tokens in float32 (tests/eval/test_batched_references.py), so the fingerprint does not name the batch."""
+    if batch_size == 1:
+        for sample in samples:
+            on_done(compute_reference(target, sample, dc))
+        return
+    rows = batch_engine(target)
+    generate_batched(rows, (SampleJob(target, s, dc) for s in samples), dc, batch_size,
+                     lambda job: on_done(job.reference))
+
+
+def batch_engine(target):
+    """`target` as the static engine (the same modules and weights), which batched generation runs on; a model the
+    static engine cannot run is refused in one line (`StaticTarget.of`)."""
+    from ..static_target import StaticTarget
+
+    return target if isinstance(target, StaticTarget) else StaticTarget.of(target)
 
 
 def turns_with_prompts(target, sample, ref: dict):

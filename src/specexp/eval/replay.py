@@ -40,14 +40,14 @@ from .. import benchmarks, files, log, registry
 from ..config import BenchmarkConfig, DecodingConfig, EvalConfig, ReplayConfig
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round
 from ..decoding.tree import follow
-from ..errors import check
+from ..errors import UserError, check
 from ..files import write_json, write_text_atomic
 from ..machine import resolve_device
 from ..report.tables import summary_markdown
 from ..targets import target_settings
 from ..tracking import make_logger, run_info
 from . import metrics, shards
-from .references import ReferenceStore, compute_reference, set_fingerprint, turns_with_prompts
+from .references import ReferenceStore, batch_engine, compute_references, set_fingerprint, turns_with_prompts
 from .store import ResultStore
 from .summary import capped, decode_config, summarize
 
@@ -227,22 +227,46 @@ def build_references(cfg, target, samples, dc: DecodeConfig) -> ReferenceStore:
         index.append(count.get(s.benchmark, 0))
         count[s.benchmark] = index[-1] + 1
     todo = [s for _, s in sorted(zip(index, samples), key=lambda p: p[0]) if store.get(s) is None]
-    bar = tqdm(todo, desc=f"references on {target.name}", unit="sample", disable=not cfg.eval.progress or not todo,
-               dynamic_ncols=True)
+    bar = tqdm(total=len(todo), desc=f"references on {target.name}", unit="sample",
+               disable=not cfg.eval.progress or not todo, dynamic_ncols=True)
     if todo:                                            # the long silent phase of a first replay
         log.LOG.info(f"references: decoding {len(todo)} of {len(samples)} samples greedily on {target.name} "
                      f"(cached in {store.dir})")
-    t0 = time.perf_counter()
-    for sample in bar:
-        store.add([compute_reference(target, sample, dc)])
-        _log.debug(f"reference {sample.benchmark}/{sample.id} done ({time.perf_counter() - t0:.0f} s so far)")
+    t0, rows = time.perf_counter(), reference_batch(rp.batch_size, target)
+
+    def done(ref: dict) -> None:                        # appended as each sample ends: a rerun resumes from there
+        store.add([ref])
+        bar.update()
+        _log.debug(f"reference {ref['benchmark']}/{ref['id']} done ({time.perf_counter() - t0:.0f} s so far)")
+    with bar:
+        if todo:
+            compute_references(target, todo, dc, rows, done)
     if todo:
-        log.LOG.info(f"references: {len(todo)} decoded in {time.perf_counter() - t0:.0f} s")
+        log.LOG.info(f"references: {len(todo)} decoded in {time.perf_counter() - t0:.0f} s at batch {rows}")
     if rp.export:
         n = store.export(files.check_new_file(rp.export, "replay.export", rp.overwrite,
                                               "replay.overwrite"), samples)
         log.LOG.info(f"wrote {n} references to {rp.export}")
     return store
+
+
+# `replay.batch_size=auto` on a CPU: the batch that built the mini target's references fastest there
+# (experiments/bench_references.py; see docs/batched.md). Elsewhere 1 until a device's own measurement says more.
+CPU_REFERENCE_BATCH = 16
+
+
+def reference_batch(value, target) -> int:
+    """`replay.batch_size` as the rows decoded side by side; `auto` as above, and 1 where the static engine cannot
+    run the target (it would refuse an explicit batch in one line)."""
+    if value != "auto":
+        return int(value)
+    if target.device.type != "cpu":
+        return 1
+    try:
+        batch_engine(target)
+    except UserError:
+        return 1
+    return CPU_REFERENCE_BATCH
 
 
 def run_settings(cfg, refs: ReferenceStore) -> dict:
