@@ -111,6 +111,13 @@ class RowsKV:
     def capacity(self) -> int:
         return self.k.shape[3]
 
+    def keep_rows(self, rows: list[int]) -> None:
+        """Keep only these rows, in this order (the batch shrinks: a finished batch's tail stops paying for its
+        dead rows)."""
+        idx = torch.tensor(rows, device=self.k.device)
+        self.k, self.v = self.k.index_select(1, idx), self.v.index_select(1, idx)              # [L, B', Hkv, S, D]
+        self.lengths = [self.lengths[r] for r in rows]
+
     def row(self, b: int) -> StaticKV:
         """Row b as an empty batch-1 cache on the same memory (a prefill writes the batched buffers)."""
         self.lengths[b] = 0

@@ -10,6 +10,7 @@ batch 1 a step reads every weight to produce one token, at batch B the same read
       one step over all B rows (`StaticTarget.decode_rows`): each row's newest token at its own position
       a row whose token is a stop id or whose answer reached the budget is finished; its job may hand it the
           next turn of the same sample (multi-turn answers are kept in order), else the row takes the next job
+      once no job is left to start and at most half the rows are live, the batch shrinks to the live rows
 
 Each row's tokens follow the batch-1 engine's rule exactly (`decoding.engine.generate` with no drafter: the
 prefill's argmax first, then one argmax a step, stop ids included, at most `max_new_tokens`); what can differ is
@@ -92,4 +93,9 @@ def generate_batched(target, jobs: Iterable[Job], dc: DecodeConfig, batch_size: 
                 finish(gen)
                 if not start(b, job, gen):
                     refill(b)
+        live = [b for b, r in enumerate(rows) if r is not None]
+        if not queue and 0 < len(live) <= len(rows) // 2:      # the tail: no prompt left to refill a row with
+            cache.keep_rows(live)
+            rows[:] = [rows[b] for b in live]
+            newest = newest[live]
     return steps
