@@ -238,8 +238,8 @@ CASES = [
          "eval.shuffle_seed='abc' is not valid; expected an int"),
     case("split_bad", [*SMALL, "eval.split=test"], "eval.split='test' is not valid; expected eval or tune"),
     case("compile_on_hf_engine", [*SMALL, "target.compile=true"],
-         "target.compile=true needs target.engine=static (the compiled steps run on its preallocated KV cache), not "
-         "target.engine=hf; add target.engine=static"),
+         "target.compile=true needs target.engine=static or auto (the compiled steps run on its preallocated KV "
+         "cache), not target.engine=hf; add target.engine=static"),
     case("compile_not_bool", [*SMALL, "target.engine=static", "target.compile=yes"],
          "target.compile='yes' is not valid; expected true or false"),
     case("tune_samples_neg", [*SMALL, "eval.tune_samples=-2"],

@@ -175,3 +175,34 @@ def test_lean_target_loads_the_vocabulary_matrices_only(tmp_path, tied, cfg_fact
     with pytest.raises(UserError, match="without its decoder layers"):
         lean.forward(torch.tensor([[1, 2]]), 0, lean.new_cache())
     assert len(lean.whole().model.model.layers) == 3          # what regeneration loads when answers are missing
+
+
+def test_engine_auto_resolves_as_documented(cfg_factory, monkeypatch):
+    """`target.engine=auto`: the static engine on a CPU (eager steps unless target.compile), the static engine with
+    every step shape a CUDA graph on CUDA (inductor only with target.compile=true); `hf` and `static` as asked. On a
+    CPU `auto` keeps a run's settings those of `hf` (the same logits), so earlier runs and stages keep their digests."""
+    from specexp import registry
+    from specexp.static_target import StaticTarget
+    from specexp.targets import resolve_engine, target_settings
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_engine("auto", cpu) == resolve_engine("auto", cuda) == "static"
+    assert resolve_engine("hf", cuda) == "hf" and resolve_engine("static", cpu) == "static"
+    auto = registry.build_target(cfg_factory("target.engine=auto").target, cpu)
+    hf = registry.build_target(cfg_factory("target.engine=hf").target, cpu)
+    assert isinstance(auto, StaticTarget) and not auto.compiled and not auto.graphs
+    assert not isinstance(hf, StaticTarget)
+    assert target_settings(cfg_factory("target.engine=auto").target, cpu) == \
+        target_settings(cfg_factory("target.engine=hf").target, cpu)
+    assert target_settings(cfg_factory("target.engine=auto").target, cuda)["engine"] == "auto"
+    seen = []                                     # what the registry asks of the static engine on a CUDA device
+    monkeypatch.setattr(StaticTarget, "of", classmethod(lambda cls, t, **kw: seen.append(kw) or t))
+    fake = type("T", (), {"device": cuda, "dtype": torch.float32, "model": None})
+    monkeypatch.setitem(registry.TARGETS, "tiny_qwen3", lambda cfg, device: fake())
+    for engine, compile, want in [("auto", False, {"compile": True, "inductor": False}),
+                                  ("auto", True, {"compile": True, "inductor": True}),
+                                  ("static", False, {"compile": False, "inductor": False})]:
+        registry.build_target(cfg_factory(f"target.engine={engine}", f"target.compile={compile}").target, cuda)
+        assert seen.pop() == want, engine
+    registry.build_target(cfg_factory("target.engine=hf").target, cuda)
+    assert not seen

@@ -149,7 +149,7 @@ class TargetConfig(Settings):
     revision: str | None = None
     source: str = choice("auto", "hub", "gguf")
     dtype: str = choice("auto", *DTYPES)
-    engine: str = choice("hf", "static")
+    engine: str = choice("auto", "hf", "static")
     compile: bool = choice(False, True, words="true or false")
     prepack: Any = choice("auto", True, False)
     attn_implementation: str = "auto"
@@ -369,6 +369,30 @@ class CompareConfig(Settings):
     b: str | None = None
 
 
+def _plan_map(v, rule) -> bool:
+    """null, one value for every key, or a mapping of names to such values (plan.answer_tokens, plan.tau)."""
+    return v is None or rule(v) or (isinstance(v, dict) and all(isinstance(k, str) and rule(x) for k, x in v.items()))
+
+
+@frozen
+class PlanConfig(Settings):
+    KEY = "plan"
+    calibration: str | None = None
+    drafters: list | None = setting(None, lambda v: v is None or (isinstance(v, list) and len(v) > 0 and all(
+        isinstance(x, str) for x in v)), "null (the composed drafter) or a non-empty list of drafter names, "
+                                         "e.g. plan.drafters='[none,dflash,dels_rnn]'")
+    answer_tokens: Any = setting(None, lambda v: _plan_map(v, is_num(1)),
+                                 "null, a number >= 1 or a mapping {benchmark: number >= 1}")
+    tau: Any = setting(None, lambda v: _plan_map(v, is_num(1)), "null, a number >= 1 (tokens per verification, "
+                                                                   "the bonus included) or a mapping {drafter: number}")
+    batch_size: Any = setting("auto", lambda v: v == "auto" or is_int(1, MAX_BATCH)(v),
+                              f"an int >= 1 or auto (replay.batch_size's rule); {upto(MAX_BATCH)}")
+    batches: list = setting(factory=lambda: [1, 4, 8, 16, 32], rule=lambda v: isinstance(v, list) and len(v) > 0
+                            and all(is_int(1, MAX_BATCH)(x) for x in v),
+                            valid=f"a non-empty list of ints >= 1; {upto(MAX_BATCH)}")
+    context: int = setting(256, *_ints(16, MAX_TOKENS))
+
+
 @frozen
 class DashboardConfig(Settings):
     KEY = "dashboard"
@@ -383,7 +407,8 @@ GROUPS = {"paths": PathsConfig, "task": TaskConfig, "target": TargetConfig, "fus
           "benchmark": BenchmarkConfig, "decoding": DecodingConfig, "eval": EvalConfig, "logger": LoggerConfig,
           "data": DataConfig, "train": TrainConfig}
 TASK_GROUPS = {"export": ExportConfig, "replay": ReplayConfig, "merge": MergeConfig, "report": ReportConfig,
-               "compare": CompareConfig, "dashboard": DashboardConfig}
+               "compare": CompareConfig, "dashboard": DashboardConfig, "plan": PlanConfig}
+TASK_READS = {"plan": ("replay",)}                # another task's group a task reads (plan: replay's batch and set)
 
 
 @frozen
@@ -412,6 +437,7 @@ class Config(Settings):
     report: ReportConfig | None = None
     compare: CompareConfig | None = None
     dashboard: DashboardConfig | None = None
+    plan: PlanConfig | None = None
 
 
 # ------------------------------------------------------------------------------------------- the presets
@@ -511,7 +537,8 @@ def validate(cfg, job: dict | None = None) -> None:
     drafter = values.get("drafter")
     name = drafter.get("name") if isinstance(drafter, dict) else None
     settings = drafter_settings(name) if isinstance(name, str) else None
-    tree = {k: v for k, v in key_tree(Config).items() if k not in TASK_GROUPS or k == task}
+    own = {task, *TASK_READS.get(task, ())}
+    tree = {k: v for k, v in key_tree(Config).items() if k not in TASK_GROUPS or k in own}
     if settings is not None:
         tree["drafter"] = key_tree(settings)
 
@@ -519,7 +546,7 @@ def validate(cfg, job: dict | None = None) -> None:
         return unknown_key_message(tree, key, _source(key, job))
 
     for group in TASK_GROUPS:
-        if group in values and group != task:
+        if group in values and group not in own:
             raise UserError(unknown(group))      # export.* etc. belong to their task's preset
     check(values, Config, unknown=unknown)
     if settings is not None and isinstance(drafter, dict):
@@ -564,9 +591,9 @@ def _check_compile(values: dict) -> None:
     """`target.compile=true` compiles the static engine's steps (static_target.py): with the HF engine it would
     change nothing, silently."""
     t = values.get("target") or {}
-    if t.get("compile") is True and t.get("engine", "hf") != "static":
-        raise UserError(f"target.compile=true needs target.engine=static (the compiled steps run on its "
-                        f"preallocated KV cache), not target.engine={t.get('engine', 'hf')}; add target.engine=static")
+    if t.get("compile") is True and t.get("engine", "hf") == "hf":
+        raise UserError("target.compile=true needs target.engine=static or auto (the compiled steps run on its "
+                        "preallocated KV cache), not target.engine=hf; add target.engine=static")
 
 
 def _check_precision(values: dict) -> None:

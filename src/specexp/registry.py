@@ -193,10 +193,18 @@ def build_target(cfg, device, lean: bool = False):
         if cpu_linear.wanted(cfg.get("prepack", "auto"), target.device, target.dtype, bool(cfg.get("compile"))):
             n = cpu_linear.pack(target.model)              # bit-identical outputs, packed once (kernels/cpu_linear)
             LOG.debug("target %s: %d linear layers packed for oneDNN", target.name, n)
-        if cfg.get("engine", "hf") == "static":        # the same weights, run over a preallocated KV cache
-            from .static_target import StaticTarget
+        auto = cfg.get("engine", "hf") == "auto"
+        if targets.resolve_engine(cfg.get("engine", "hf"), target.device) == "static":
+            from .static_target import StaticTarget  # the same weights, run over a preallocated KV cache
 
-            target = StaticTarget.of(target, compile=bool(cfg.get("compile", False)))
+            compile = bool(cfg.get("compile", False))
+            graphed = auto and target.device.type == "cuda"                 # auto: every step shape a CUDA graph
+            try:
+                target = StaticTarget.of(target, compile=compile or graphed, inductor=compile)
+            except UserError as e:
+                if not auto:
+                    raise
+                LOG.info("target.engine=auto: the HF engine (%s)", e)        # a model the static engine cannot run
         return target
     target = TARGETS[cfg.loader](cfg, device, lean=True)
     target.whole = lambda: TARGETS[cfg.loader](cfg, device)    # e.g. answers still to regenerate

@@ -212,17 +212,33 @@ class Target:
 # ----------------------------------------------------------------------------------------------- helpers
 def target_settings(target_cfg, device: torch.device) -> dict:
     """The `target` group as the settings of a run, a training stage or a reference: without its cache directory,
-    `engine` only when it is not the default `hf` and `compile` only when true (the static engine computes the same
-    logits on the CPU, and runs and stages made before the keys existed keep their digests), without `prepack` (its
-    outputs are bit for bit the unpacked ones: kernels/cpu_linear.py), and `dtype=auto` as
-    what it resolves to on `device` (the same run on another machine may compute in another precision)."""
+    `engine` only when it is not `hf` (nor `auto` on a CPU, which runs the static engine there) and `compile` only
+    when true (the static engine computes the same logits on the CPU, and runs and stages made before the keys
+    existed keep their digests), without `prepack` (its outputs are bit for bit the unpacked ones:
+    kernels/cpu_linear.py), and `dtype=auto` as what it resolves to on `device` (the same run on another machine
+    may compute in another precision)."""
     from omegaconf import OmegaConf
 
     t = OmegaConf.to_container(target_cfg, resolve=True)
     if t.get("dtype") == "auto":
         t["dtype"] = str(resolve_dtype("auto", device)).removeprefix("torch.")
+    if t.get("engine") == "auto" and device.type == "cpu":
+        t["engine"] = "hf"            # auto runs the static engine there, which computes HF eager's logits bit for bit
     return {k: v for k, v in t.items() if k not in ("cache_dir", "prepack") and not (k == "engine" and v == "hf")
             and not (k == "compile" and v is False)}
+
+
+def resolve_engine(engine: str, device: torch.device) -> str:
+    """`target.engine`; `auto` = the engine measured faster on this kind of device:
+    - a CPU: `static` (preallocated KV cache, static_target.py). AR 1.06x HF greedy [1.02, 1.11] against 0.99x
+      [0.97, 1.01] for HF eager (fp32, AVX2 EPYC); 1.05x [1.02, 1.09] against 0.98x, and DFlash 1.34x against 1.26x
+      (bf16, AVX512-BF16 EPYC): experiments/results/engine/README.md; docs/batched.md has the main job on each.
+      `target.compile` stays off unless asked: a compiled step measured 1.00x (fp32) and 0.95x (bf16) the eager one.
+    - CUDA: `static` with every step shape after the prefill captured as a CUDA graph (`StaticTarget.set_compile`
+      with inductor only when `target.compile=true`), which removes the per-kernel launches that made HF eager's
+      AR step 10.9x its memory floor on an H200.
+    HF eager (`hf`) stays the reference the tests compare the static engine against, bit for bit in float32."""
+    return "static" if engine == "auto" else engine
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:

@@ -24,6 +24,7 @@ def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
     from .eval.evaluator import run_eval
     from .eval.fusion_grid import run_grid
     from .eval.merge import run_merge
+    from .eval.plan import run_plan
     from .eval.replay import grid_requested, run_replay
     from .report.dashboard import run_dashboard
     from .report.page import run_report
@@ -47,6 +48,7 @@ def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
     tasks["report"] = run_report                 # a static HTML page over kept result directories
     tasks["dashboard"] = run_dashboard           # the W&B workspace and reports as code (dashboard.json)
     tasks["export"] = run_export                 # a trained drafter for vLLM / SGLang (docs/export.md)
+    tasks["plan"] = run_plan                     # the projected device time of a run, before anything is spent
     one_of("task", cfg.task.name, tasks)
     torch.manual_seed(cfg.seed)
     if cfg.get("cpu_threads") is not None:

@@ -1,0 +1,97 @@
+"""`task=plan`: the projected device time of a run from a calibration of step costs (eval/plan.py): the formulas on
+a hand-made calibration, a CPU calibration of the tiny target written and read back, the assumptions taken from a
+shipped reference set, and bad input refused in one line with nothing written."""
+import gzip
+import json
+
+import pytest
+
+from specexp.benchmarks import Sample
+from specexp.errors import UserError
+from specexp.eval import plan
+
+CAL = {"version": 1, "target": "t", "machine": {"device": "cuda", "gpu": "H100"}, "prefill_ms_per_token": 0.01,
+       "teacher_forced_ms_per_token": 0.02, "ar_step_ms": {"1": 10.0, "8": 12.0, "32": 20.0},
+       "verify_ms": {"2": 10.0, "16": 11.0},
+       "drafters": {"dflash": {"max_drafts": 15, "taps": [1, 2], "propose_ms": 2.0, "replay_anchor_ms": 0.1},
+                    "dels_rnn": {"max_drafts": 15, "taps": [1, 2], "propose_ms": 4.0, "replay_anchor_ms": 0.3}}}
+
+
+def test_the_projection_is_the_documented_sum_of_step_costs():
+    samples = [Sample("a", "gsm8k", ["x" * 35]), Sample("b", "gsm8k", ["x" * 35]),
+               Sample("m", "mt_bench", ["x" * 70, "x" * 35])]
+    work = plan.workload(samples, {"gsm8k": 101.0, "mt_bench": 51.0}, {"gsm8k": ["a"], "mt_bench": ["m"]})
+    g, m = work
+    assert (g.turns, g.prompt_tokens, g.timed_turns) == (2, 10.0, 1)
+    assert (m.turns, m.prompt_tokens, m.timed_turns) == (2, (20 + (20 + 51 + 10)) / 2, 2)   # turn 2 holds turn 1
+    rows = {(r["stage"], r["drafter"]): r["seconds"] for r in
+            plan.project(CAL, work, ["none", "dflash", "dels_rnn"], {"dflash": 5.0, "dels_rnn": 6.0}, batch=4)}
+    step = (10 + (12 - 10) * 3 / 7) / 4                                  # batch 4: between the 1- and 8-row steps
+    refs = 2 * (0.01 * 10 + 100 * step) + 2 * (0.01 * 50.5 + 50 * step)
+    assert rows[("references", "none")] == pytest.approx(refs / 1000)
+    tf = 2 * 0.02 * (10 + 101) + 2 * 0.02 * (50.5 + 51)
+    assert rows[("replay", "dflash")] == pytest.approx((tf + 0.1 * (2 * 101 + 2 * 51)) / 1000)
+    assert rows[("replay", "dels_rnn")] == pytest.approx(0.3 * (2 * 101 + 2 * 51) / 1000)   # taps shared
+    ar = 1 * (0.01 * 10 + 100 * 10) + 2 * (0.01 * 50.5 + 50 * 10)
+    assert rows[("timed", "none")] == pytest.approx(ar / 1000)
+    rnd = 11 + 2                                                          # verify of 16 rows + a proposal
+    own = 1 * (0.01 * 10 + 100 / 5 * rnd) + 2 * (0.01 * 50.5 + 50 / 5 * rnd)
+    assert rows[("timed", "dflash")] == pytest.approx((ar + own) / 1000)
+    assert plan.best_batch(CAL) == 32 and plan._per_batch(CAL["ar_step_ms"], 64) == 40.0
+    with pytest.raises(UserError, match="no step costs for drafter eagle3"):
+        plan.project(CAL, work, ["eagle3"], {"eagle3": 2.0}, 1)
+
+
+def test_task_plan_calibrates_the_cpu_and_reads_its_file_back(cfg_factory, tmp_path, monkeypatch):
+    base = ["task=plan", "plan.drafters=[none,dflash]", "eval.max_new_tokens=16", "plan.batches=[1,4]",
+            "plan.context=32", "benchmark=gsm8k"]
+    first = plan.run_plan(cfg_factory(*base), tmp_path / "a")
+    cal = json.loads((tmp_path / "a" / "calibration.json").read_text())
+    assert set(cal["ar_step_ms"]) == {"1", "4"} and "dflash" in cal["drafters"] and cal["machine"]["device"] == "cpu"
+    assert [(r["stage"], r["drafter"]) for r in first["rows"]] == [("references", "none"), ("replay", "dflash"),
+                                                                  ("timed", "none"), ("timed", "dflash")]
+    md = (tmp_path / "a" / "plan.md").read_text()
+    assert "**total**" in md and "an upper bound" in md and "τ of the timed rounds: dflash 2" in md
+    monkeypatch.setattr(plan, "calibrate", lambda *a, **k: pytest.fail("a calibration file was given"))
+    again = plan.run_plan(cfg_factory(*base, f"plan.calibration={tmp_path / 'a' / 'calibration.json'}",
+                                      "plan.tau=3"), tmp_path / "b")
+    assert not (tmp_path / "b" / "calibration.json").exists()
+    assert again["rows"][:3] == first["rows"][:3]                          # τ changes the drafter's timed row only
+    assert again["rows"][3]["seconds"] < first["rows"][3]["seconds"]
+
+
+def test_answer_tokens_come_from_a_shipped_reference_set(tmp_path):
+    f = tmp_path / "refs.json.gz"
+    refs = [{"benchmark": "gsm8k", "turns": [{"tokens": [1] * 10}, {"tokens": [1] * 30}]}]
+    with gzip.open(f, "wt") as fh:
+        json.dump({"manifest": {}, "references": refs}, fh)
+    got, where = plan.answer_tokens_of(None, ["gsm8k", "mbpp"], 128, str(f))
+    assert got == {"gsm8k": 20.0, "mbpp": 128.0} and "replay.references" in where
+    assert plan.answer_tokens_of({"mbpp": 7}, ["gsm8k", "mbpp"], 128, None)[0] == {"gsm8k": 128.0, "mbpp": 7.0}
+    with pytest.raises(UserError, match="not a reference file"):
+        plan.answer_tokens_of(None, ["gsm8k"], 128, str(tmp_path))
+
+
+@pytest.mark.parametrize("over, message", [
+    (["plan.calibration=/nonexistent/cal.json"], "plan.calibration='/nonexistent/cal.json': no such file"),
+    (["plan.drafters=[]"], "plan.drafters"),
+    (["plan.tau=0.5"], "plan.tau"),
+    (["plan.batches=[0]"], "plan.batches"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(cfg_factory, tmp_path, over, message):
+    from specexp.tasks import run_task
+
+    with pytest.raises(UserError, match=message) as e:
+        run_task(cfg_factory("task=plan", *over), str(tmp_path / "run"), job={"choices": {}, "overrides": over})
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "run" / "plan.json").exists()
+
+
+def test_a_file_that_is_not_a_calibration_is_refused(tmp_path):
+    bad = tmp_path / "c.json"
+    bad.write_text(json.dumps({"version": 1, "ar_step_ms": {}}))
+    with pytest.raises(UserError, match="not a calibration file"):
+        plan.read_calibration(bad)
+    bad.write_text("{")
+    with pytest.raises(UserError, match="not a calibration file"):
+        plan.read_calibration(bad)
