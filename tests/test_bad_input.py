@@ -263,6 +263,15 @@ CASES = [
     case("num_samples_unknown_key", [*TINY, "eval.num_samples={gsm9k: 2}"],
          "eval.num_samples: 'gsm9k' is not among benchmark.names (the selected benchmarks); the keys must be one of: "
          "gsm8k"),
+    case("timed_samples_0", [*TINY, "eval.timed_samples=0"],
+         "eval.timed_samples=0 is not valid; expected null (all), an int >= 1 or a mapping {benchmark: int >= 1}"),
+    case("timed_samples_word", [*TINY, "eval.timed_samples=some"],
+         "eval.timed_samples='some' is not valid; expected null (all), an int >= 1"),
+    case("timed_samples_zero_in_mapping", [*TINY, "eval.timed_samples={gsm8k: 0}"],
+         "eval.timed_samples={'gsm8k': 0} is not valid; expected null (all), an int >= 1"),
+    case("timed_samples_unknown_key", [*TINY, "eval.timed_samples={gsm9k: 2}"],
+         "eval.timed_samples: 'gsm9k' is not among benchmark.names (the selected benchmarks); the keys must be one "
+         "of: gsm8k"),
     case("tune_samples_unknown_key", [*TINY, "eval.tune_samples={gsm9k: 2}"],
          "unknown key 'eval.tune_samples.gsm9k'; valid keys under 'eval.tune_samples': aime25, alpaca, gsm8k"),
     case("duplicate_benchmarks", [*TINY, "benchmark.names=[gsm8k,gsm8k]"],

@@ -73,6 +73,11 @@ def _num_samples(v):
     return is_int(1, MAX_COUNT)(v)
 
 
+def _timed_samples(v):
+    return v is None or is_int(1, MAX_COUNT)(v) or isinstance(v, dict) and bool(v) and all(
+        isinstance(k, str) and is_int(1, MAX_COUNT)(n) for k, n in v.items())
+
+
 def _tune_samples(v):
     return is_int(0, MAX_COUNT)(v) or isinstance(v, dict) and all(
         isinstance(k, str) and is_int(0, MAX_COUNT)(n) for k, n in v.items())
@@ -204,6 +209,9 @@ class EvalConfig(Settings):
     split: str = choice("eval", "tune")
     tune_samples: Any = setting(0, _tune_samples, "an int >= 0 or a mapping {benchmark: int >= 0} of "
                                                   f"benchmark.names; {upto(MAX_COUNT)}")
+    # eval/shards.py: the prompts a run times (TPOT, speedup) out of all it measures τ on; null = all of them
+    timed_samples: Any = setting(None, _timed_samples, "null (all), an int >= 1 or a mapping {benchmark: int >= 1} of "
+                                                       f"benchmark.names; {upto(MAX_COUNT)}")
     run_ar: bool = True
     check_lossless: Any = choice("auto", True, False)
     near_tie: float = setting(0.01, is_num(0), "a finite number >= 0 (a logit gap)")
@@ -566,13 +574,15 @@ def validate(cfg, job: dict | None = None) -> None:
 
 
 def _check_sample_keys(values: dict) -> None:
-    """The keys of a mapping `eval.num_samples={gsm8k: 2}` are selected benchmarks: any other key would be ignored
-    and the selected benchmark would run all its prompts. `eval.tune_samples`' shipped default names all eight
-    benchmarks, so its keys need only be benchmarks (a typo's key would be ignored all the same)."""
+    """The keys of a mapping `eval.num_samples={gsm8k: 2}` (`eval.timed_samples` likewise) are selected benchmarks:
+    any other key would be ignored and the selected benchmark would run (time) all its prompts. `eval.tune_samples`'
+    shipped default names all eight benchmarks, so its keys need only be benchmarks (a typo's key would be ignored
+    all the same)."""
     from .benchmarks import BENCHMARKS
 
     e, names = values.get("eval") or {}, (values.get("benchmark") or {}).get("names") or []
     _known_keys("eval.num_samples", e.get("num_samples"), names, "benchmark.names (the selected benchmarks)")
+    _known_keys("eval.timed_samples", e.get("timed_samples"), names, "benchmark.names (the selected benchmarks)")
     _known_keys("eval.tune_samples", e.get("tune_samples"), [*BENCHMARKS],
                 f"the benchmarks (selected: {', '.join(names)})")
 

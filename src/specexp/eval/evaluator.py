@@ -1,6 +1,11 @@
 """The evaluator: runs every benchmark sample through the engine with the drafter and with no drafter (the
 AR baseline), writes one `samples.jsonl` record per turn as each sample finishes, and summarises.
 
+With `eval.timed_samples` (eval/shards.py) only a seeded subset of the prompts is timed: τ and the lossless check
+still cover every prompt, but a turn outside the subset records no timing (`tpot`, `ttft`, `ar_tpot`, `ar_ttft`
+null, `"timed": false`; inside, `"timed": true`) and runs AR only where the lossless check compares with it
+(greedy decoding, `eval.check_lossless` auto or true), so speedup, TPOT and TTFT come from the timed prompts.
+
 Files in the run directory (the results contract; see docs/architecture.md):
   samples.jsonl   appended as each sample finishes; a rerun into the same directory skips finished samples
                   (what a rerun into an existing directory may do: store.py)
@@ -41,7 +46,10 @@ def turn_seed(seed: int, sample_id: str, turn: int) -> int:
 
 
 def _record(sample, turn: int, prompt_len: int, spec: Generation, ar: Generation | None, text: str,
-            lossless: bool | None, save_text: bool, round_metrics=None, greedy: bool = False) -> dict:
+            lossless: bool | None, save_text: bool, round_metrics=None, greedy: bool = False,
+            timed: bool | None = None) -> dict:
+    """One turn's record. `timed`: None when the run times every prompt (no `timed` field, as before the key
+    existed), else whether this prompt is in the timed subset; outside it the clock's fields are null."""
     rec = {
         "id": sample.id, "benchmark": sample.benchmark, "turn": turn, "prompt_tokens": prompt_len,
         "new_tokens": len(spec.tokens), "accept_lengths": spec.accept_lengths, "drafted": spec.drafted,
@@ -51,6 +59,10 @@ def _record(sample, turn: int, prompt_len: int, spec: Generation, ar: Generation
         "ar_tpot": metrics.tpot(ar.decode_s, ar.decode_tokens) if ar else None,
         "text_sha256": hashlib.sha256(text.encode()).hexdigest(), "lossless": lossless,
     }
+    if timed is not None:
+        rec["timed"] = timed
+    if timed is False:                   # measured, but not interleaved with AR's timing: not a speedup's input
+        rec.update(ttft=None, tpot=None, ar_ttft=None, ar_tpot=None)
     if spec.rounds and round_metrics is not None:      # the drafter's own per-round diagnostics, keys its own
         rec.update(round_metrics.turn(spec.rounds, greedy))
     if save_text:
@@ -67,10 +79,14 @@ def check_fits(target, sample_id: str, turn: int, prompt_len: int, dc: DecodeCon
           f"{dc.max_new_tokens} exceeds the target context of {target.max_context}; lower eval.max_new_tokens")
 
 
-def run_sample(target, drafter, sample, dc: DecodeConfig, ev: EvalConfig, seed: int, round_metrics=None) -> list[dict]:
+def run_sample(target, drafter, sample, dc: DecodeConfig, ev: EvalConfig, seed: int, round_metrics=None,
+               timed: bool | None = None) -> list[dict]:
     """All turns of one sample; each next user turn follows the model's own previous answer. `round_metrics`:
-    the drafter's registry `metrics` (turns its per-round `info` into record fields), or None."""
+    the drafter's registry `metrics` (turns its per-round `info` into record fields), or None. `timed`: None when
+    the run times every prompt, else whether this one is in the timed subset (eval/shards.py); outside it AR runs
+    only for the lossless check."""
     k = drafts_per_round(drafter, dc)
+    compare = ev.check_lossless is True or (ev.check_lossless == "auto" and dc.protocol == "greedy")
     messages, recs = [], []
     for turn, user in enumerate(sample.turns):
         messages.append({"role": "user", "content": user})
@@ -80,14 +96,13 @@ def run_sample(target, drafter, sample, dc: DecodeConfig, ev: EvalConfig, seed: 
         g.manual_seed(turn_seed(seed, sample.id, turn))
         spec = generate(target, drafter, ids, dc, g)
         ar = None
-        if drafter is not None and ev.run_ar:
+        if drafter is not None and ev.run_ar and (timed is not False or compare):
             g.manual_seed(turn_seed(seed, sample.id, turn))
             ar = generate(target, None, ids, dc, g)
-        compare = ev.check_lossless is True or (ev.check_lossless == "auto" and dc.protocol == "greedy")
         lossless = (spec.tokens == ar.tokens) if (ar is not None and compare) else None
         text = target.decode(spec.tokens)
         rec = _record(sample, turn, len(ids), spec, ar, text, lossless, ev.save_text, round_metrics,
-                      dc.protocol == "greedy")
+                      dc.protocol == "greedy", timed)
         if lossless is False:
             rec.update(mismatch(target, ids, spec.tokens, ar.tokens, ev.near_tie))
         recs.append(rec)
@@ -135,6 +150,8 @@ def run_eval(cfg, out_dir: Path) -> dict:
     shard = shards.parse(ev.shard)
     selected = benchmarks.from_config(BenchmarkConfig.from_cfg(cfg.benchmark), ev)
     samples = shards.select(selected, shard)            # all of them unless eval.shard=I/N
+    subset = shards.timed_subset(selected, ev.timed_samples, cfg.seed)     # over the whole selection: shard-independent
+    timed_keys = shards.timed_members(subset)
     check(not (ev.check_lossless is True and dec.protocol != "greedy"),
           f"eval.check_lossless=true compares outputs token for token and needs greedy decoding (got protocol "
           f"{dec.protocol}); at T>0 losslessness is a distribution-level property (tests/decoding)")
@@ -146,7 +163,8 @@ def run_eval(cfg, out_dir: Path) -> dict:
     for s in samples:                   # first turns only: later ones depend on the model's answers
         check_fits(target, s.id, 0, len(target.encode_chat([{"role": "user", "content": s.turns[0]}])), dc, k)
 
-    with ResultStore(out_dir, run_settings(cfg, device), samples, shards.entry(selected, shard)) as store:
+    settings = shards.with_timed(run_settings(cfg, device), ev.timed_samples, subset)
+    with ResultStore(out_dir, settings, samples, shards.entry(selected, shard)) as store:
         resolved = OmegaConf.to_container(cfg, resolve=True)
         write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         write_json(out_dir / "run_info.json", {**run_info(device), "target_source": target.source,
@@ -160,7 +178,8 @@ def run_eval(cfg, out_dir: Path) -> dict:
         bar = tqdm(todo, desc=f"eval {cfg.drafter.name} on {target.name}", unit="sample",
                    disable=not ev.progress, dynamic_ncols=True)
         for sample in bar:
-            recs = run_sample(target, drafter, sample, dc, ev, cfg.seed, round_metrics)
+            recs = run_sample(target, drafter, sample, dc, ev, cfg.seed, round_metrics,
+                              None if timed_keys is None else (sample.benchmark, sample.id) in timed_keys)
             store.append(recs)
             taus = [r["tau"] for r in recs if r["tau"] is not None]
             bar.set_postfix(bench=sample.benchmark, tau=f"{metrics.fmean(taus):.2f}" if taus else "–")
@@ -169,7 +188,8 @@ def run_eval(cfg, out_dir: Path) -> dict:
 
         wanted = {(s.benchmark, s.id) for s in samples}
         summary = summarize([r for r in store.records if (r["benchmark"], r["id"]) in wanted],
-                            list(cfg.benchmark.names), target, drafter, dc, round_metrics)
+                            list(cfg.benchmark.names), target, drafter, dc, round_metrics,
+                            timed=None if subset is None else {"samples": ev.timed_samples, "seed": cfg.seed})
         md = summary_markdown(summary)
         write_json(out_dir / "summary.json", summary)
         write_text_atomic(out_dir / "summary.md", md)

@@ -15,7 +15,8 @@ command resumes there with nothing left to run; samples.jsonl = every shard's re
 (benchmark, then the selection's order, then turn), which the bootstrap CIs depend on; summary.json from those
 records by the evaluator's own summary code (`summary.summarize_records`): τ, CIs, histograms, acceptance and
 lossless mismatches equal the unsharded run's on the same records; speedup, TPOT and TTFT use the same formulas
-over all turns (each turn's AR and drafter timings come from one process, on its shard's machine); summary.md;
+over all timed turns (each turn's AR and drafter timings come from one process, on its shard's machine; with
+`eval.timed_samples` the shards time the unsharded run's subset, eval/shards.py); summary.md;
 config.yaml (the first shard's, eval.shard null); run_info.json (the merging process's, plus every shard's).
 No model is loaded.
 """
@@ -219,6 +220,8 @@ def run_merge(cfg, out_dir) -> dict:
         header = {k: first.summary[k] for k in SUMMARY_HEADER}
         if all("target_dtype" in r.summary for r in runs):         # one dtype: run.json's settings are the same
             header["target_dtype"] = first.summary["target_dtype"]
+        if "timed" in first.summary:                                # a timed subset: its ids come from the records
+            header["timed"] = {k: v for k, v in first.summary["timed"].items() if k != "ids"}
         machines = [r.summary["machine"] for r in runs if "machine" in r.summary]
         if machines:                                                # shards may have run on different machines
             distinct = [m for i, m in enumerate(machines) if m not in machines[:i]]

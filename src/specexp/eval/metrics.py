@@ -11,7 +11,8 @@ Conventions (the same as the DFlash, DeLS-Spec and Domino papers):
 - TPOT = decode time / tokens produced by the decode loop (the first token comes from prefill; the
   drafter's prefill over the prompt is excluded, as in the reference benchmark).
 - Speedup = mean TPOT(AR) / mean TPOT(spec) over the same turns (a ratio of means), AR run through the
-  same engine on the same prompts in the same process.
+  same engine on the same prompts in the same process. Only timed turns count: a turn with both TPOTs (a run with
+  `eval.timed_samples` records no timing outside its timed prompts, eval/shards.py); TPOT and TTFT means likewise.
 - Macro over benchmarks: unweighted mean of the per-benchmark values.
 - Drafter-specific round metrics (e.g. DEdit's edit outcomes) are defined by the drafter itself
   (its registry entry's `metrics`) and appear under their own keys; this module never reads them.
@@ -67,8 +68,14 @@ def tau_histogram(records: list[dict], k_max: int) -> list[int]:
     return hist
 
 
+def timed(records: list[dict]) -> list[dict]:
+    """The records a run timed: all but those outside an `eval.timed_samples` subset (`"timed": false`, eval/shards.py;
+    the evaluator records no timing there either, so this only guards hand-made or edited records)."""
+    return [r for r in records if r.get("timed", True)]
+
+
 def speedup(records: list[dict]) -> float | None:
-    pairs = [(r["ar_tpot"], r["tpot"]) for r in records if r.get("ar_tpot") and r.get("tpot")]
+    pairs = [(r["ar_tpot"], r["tpot"]) for r in timed(records) if r.get("ar_tpot") and r.get("tpot")]
     if not pairs:
         return None
     return fmean(a for a, _ in pairs) / fmean(s for _, s in pairs)
@@ -121,15 +128,21 @@ def lossless_counts(records: list[dict]) -> dict:
     return {"lossless_mismatches": sum(not r["lossless"] for r in checked) - ties, "lossless_near_ties": ties}
 
 
+def timed_ids(records: list[dict]) -> list[str]:
+    """The ids of the timed prompts (`timed`), in first-seen order."""
+    return list(dict.fromkeys(r["id"] for r in timed(records)))
+
+
 def summarize_benchmark(records: list[dict], k_max: int) -> dict:
     return {
         "num_samples": len({r["id"] for r in records}),
         "num_turns": len(records),
         "tau": tau(records),
         "speedup": speedup(records),
-        "tpot_ms": _mean_ms(r.get("tpot") for r in records),
-        "tpot_ar_ms": _mean_ms(r.get("ar_tpot") for r in records),
-        "ttft_ms": _mean_ms(r.get("ttft") for r in records),
+        "timed_samples": len(timed_ids(records)),
+        "tpot_ms": _mean_ms(r.get("tpot") for r in timed(records)),
+        "tpot_ar_ms": _mean_ms(r.get("ar_tpot") for r in timed(records)),
+        "ttft_ms": _mean_ms(r.get("ttft") for r in timed(records)),
         "new_tokens": sum(r["new_tokens"] for r in records),
         "accept_rate_per_position": accept_rate_per_position(records, k_max),
         "accept_rate_conditional": conditional_accept_rate(records, k_max),
@@ -138,7 +151,8 @@ def summarize_benchmark(records: list[dict], k_max: int) -> dict:
     }
 
 
-TIMING_KEYS = ("speedup", "tpot_ms", "tpot_ar_ms", "ttft_ms")     # summary fields only an online run measures
+# summary fields only an online run measures
+TIMING_KEYS = ("speedup", "speedup_ci95", "timed_samples", "tpot_ms", "tpot_ar_ms", "ttft_ms")
 
 
 def near_tie_summary(records: list[dict]) -> dict:
@@ -162,6 +176,8 @@ def macro(benchmarks: dict[str, dict]) -> dict:
 # 95% intervals are percentile bootstraps over prompts (a multi-turn prompt is resampled with all its turns,
 # since its turns are not independent). The statistic is the summary's own τ: the mean of per-turn τ over the
 # resampled turns. Macro: every benchmark resampled independently, then the unweighted mean of the benchmark τs.
+# Speedup: the same resampling over the timed prompts, each with its own AR TPOTs (paired), the statistic the
+# summary's speedup (summed AR TPOT / summed TPOT of the resampled turns).
 # Paired (two runs on the same references): the same resampled prompts for both runs, Δτ = τ_A − τ_B.
 # Fixed seed and BOOTSTRAP_REPLICATES draws, so a summary is reproducible to the digit.
 BOOTSTRAP_REPLICATES = 2000
@@ -229,15 +245,39 @@ def tau_ci95(by_bench: dict[str, list[dict]]) -> tuple[dict[str, list[float] | N
     return per, macro_ci
 
 
-def speedup_ci95(records: list[dict]) -> list[float] | None:
-    """95% bootstrap CI of `speedup` over the records (turns), each resampled with its own AR baseline (paired)."""
+def _speedup_replicates(records: list[dict], generator):
+    """Speedup of every bootstrap replicate `[R]` over the prompts of one benchmark (a prompt resampled with all its
+    timed turns, its AR and drafter seconds together: paired), or None when no turn was timed."""
     import torch
 
-    pairs = [(r["ar_tpot"], r["tpot"]) for r in records if r.get("ar_tpot") and r.get("tpot")]
-    if not pairs:
+    pp = _per_prompt_seconds(records)
+    if not pp:
         return None
-    ar, spec = (torch.tensor(x, dtype=torch.float64) for x in zip(*pairs))                 # [P], [P]
-    return _percentiles(_resampled_tau(ar, spec, _draws(len(pairs), torch.Generator().manual_seed(BOOTSTRAP_SEED))))
+    ar, spec = (torch.tensor([p[k] for p in pp.values()], dtype=torch.float64) for k in (0, 1))   # [P], [P]
+    return _resampled_tau(ar, spec, _draws(len(pp), generator))                                   # [R]
+
+
+def speedup_ci95(records: list[dict]) -> list[float] | None:
+    """95% bootstrap CI of `speedup` over the records' timed prompts, each resampled with all its turns and its own
+    AR baseline (paired): the ratio of the resampled prompts' summed AR TPOTs to their summed TPOTs, i.e. `speedup`
+    of the resampled turns. None when no turn was timed."""
+    import torch
+
+    reps = _speedup_replicates(records, torch.Generator().manual_seed(BOOTSTRAP_SEED))
+    return _percentiles(reps) if reps is not None else None
+
+
+def speedup_ci95s(by_bench: dict[str, list[dict]]) -> tuple[dict[str, list[float] | None], list[float] | None]:
+    """95% bootstrap CIs of the speedup per benchmark (`speedup_ci95`'s replicates, one seeded generator drawn in
+    benchmark order as `tau_ci95`) and of the macro speedup (every benchmark resampled independently, the unweighted
+    mean of the benchmarks' replicates); None where no turn was timed."""
+    import torch
+
+    g = torch.Generator().manual_seed(BOOTSTRAP_SEED)
+    reps = {name: _speedup_replicates(records, g) for name, records in by_bench.items()}
+    per = {name: _percentiles(r) if r is not None else None for name, r in reps.items()}
+    kept = [r for r in reps.values() if r is not None]
+    return per, _percentiles(torch.stack(kept).mean(0)) if kept else None
 
 
 def _paired(a: list[dict], b: list[dict], generator):
@@ -276,9 +316,9 @@ def percentiles95(replicates) -> list[float] | None:
 
 
 def _per_prompt_seconds(records: list[dict]) -> dict[str, tuple[float, float]]:
-    """Prompt id -> (summed AR TPOT, summed TPOT) over its online turns (a turn without both is left out)."""
+    """Prompt id -> (summed AR TPOT, summed TPOT) over its timed online turns (a turn without both is left out)."""
     out: dict[str, tuple[float, float]] = {}
-    for r in records:
+    for r in timed(records):
         if r.get("ar_tpot") and r.get("tpot"):
             ar, tp = out.get(r["id"], (0.0, 0.0))
             out[r["id"]] = (ar + r["ar_tpot"], tp + r["tpot"])

@@ -44,14 +44,17 @@ def decode_config(decoding: DecodingConfig, ev: EvalConfig, target) -> DecodeCon
 
 
 def summarize(records: list[dict], names: list[str], target, drafter, dc: DecodeConfig, round_metrics=None,
-              mode: str = "online") -> dict:
+              mode: str = "online", timed: dict | None = None) -> dict:
     """summary.json. `mode`: "online" (decoded by the engine) or "replay" (eval/replay.py: no timing fields,
-    near-tie counts instead). τ comes with its 95% bootstrap CI over prompts, per benchmark and macro."""
+    near-tie counts instead). τ comes with its 95% bootstrap CI over prompts, per benchmark and macro; the speedup
+    too, over the timed prompts. `timed`: {"samples": eval.timed_samples, "seed": seed} of a run that times a subset
+    (eval/shards.py), None when it times every prompt."""
     header = {
         "target": target.name, "drafter": drafter.name if drafter is not None else "none", "mode": mode,
         "decoding": {"temperature": dc.temperature, "protocol": dc.protocol},
         "max_new_tokens": dc.max_new_tokens, "num_draft_tokens": drafts_per_round(drafter, dc),
         "target_dtype": str(target.dtype).removeprefix("torch."), "machine": describe(target.device),
+        **({"timed": timed} if timed is not None else {}),
     }
     return summarize_records(records, names, header, round_metrics)
 
@@ -61,25 +64,32 @@ MACHINE_HEADER = ("target_dtype", "machine")    # where it ran; absent from summ
 
 
 def summarize_records(records: list[dict], names: list[str], header: dict, round_metrics=None) -> dict:
-    """summary.json from the records alone and the run's `header` (the SUMMARY_HEADER keys of a summary), without
-    the models: what `summarize` computes, and what task=merge (eval/merge.py) computes over merged shards. The
-    bootstrap CIs depend on the order of the prompts within each benchmark (the records' order)."""
+    """summary.json from the records alone and the run's `header` (the SUMMARY_HEADER keys of a summary, and `timed`
+    when the run timed a subset), without the models: what `summarize` computes, and what task=merge (eval/merge.py)
+    computes over merged shards. The bootstrap CIs depend on the order of the prompts within each benchmark (the
+    records' order). Speedup, TPOT, TTFT and the speedup's CI come from the timed turns alone (metrics.py); a
+    summary of a timed subset says which prompts were timed (`timed.ids`, from the records)."""
     k, mode = header["num_draft_tokens"], header["mode"]
     by_bench = {n: [r for r in records if r["benchmark"] == n] for n in names}
     by_bench = {n: rs for n, rs in by_bench.items() if rs}
     benches = {n: metrics.summarize_benchmark(rs, k) for n, rs in by_bench.items()}
     ci, macro_ci = metrics.tau_ci95(by_bench)
-    macro = metrics.macro(benches) | {"tau_ci95": macro_ci}
+    sci, macro_sci = metrics.speedup_ci95s(by_bench)
+    macro = metrics.macro(benches) | {"tau_ci95": macro_ci, "speedup_ci95": macro_sci}
     for n, b in benches.items():                        # the drafter's own per-benchmark fields, keys its own
         b["tau_ci95"] = ci.get(n)
+        b["speedup_ci95"] = sci.get(n)
         b.update((round_metrics.benchmark(by_bench[n]) or {}) if round_metrics is not None else {})
         if mode == "replay":
             for key in metrics.TIMING_KEYS:
                 b.pop(key, None)
             b.update(metrics.near_tie_summary(by_bench[n]))
     if mode == "replay":
-        macro.pop("speedup", None)
+        for key in metrics.TIMING_KEYS:
+            macro.pop(key, None)
     head = {key: header[key] for key in (*SUMMARY_HEADER, *MACHINE_HEADER) if key in header}
+    if mode != "replay" and header.get("timed") is not None:
+        head["timed"] = {**header["timed"], "ids": {n: metrics.timed_ids(rs) for n, rs in by_bench.items()}}
     return {**head, "benchmarks": benches, "macro": macro}
 
 
@@ -94,7 +104,8 @@ def capped(ev: EvalConfig, target_cfg, device) -> dict:
 def run_settings(cfg, device) -> dict:
     """Every setting that changes a result, for run.json (the samples and their prompts are added by the store).
     Not here: benchmark names, source, data_dir, num_samples and shuffle_seed, which only select samples (the
-    store compares the selected samples and their prompt text instead), and progress/logger/warmup."""
+    store compares the selected samples and their prompt text instead), and progress/logger/warmup. task=eval adds
+    the timed subset when there is one (eval/shards.py `with_timed`): it depends on the selection too."""
     container = OmegaConf.to_container
     drafter, ev = container(cfg.drafter, resolve=True), EvalConfig.from_cfg(cfg.eval)
     return {

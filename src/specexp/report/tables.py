@@ -34,20 +34,25 @@ def summary_markdown(summary: dict) -> str:
                         f"{b['tf_argmax_mismatches']} |")
         rows.append(f"| **macro** | | | **{_f(m['tau'], '.3f')}** | {ci(m.get('tau_ci95'), '.3f')} | | | |")
         return head + "\n".join(rows) + "\n"
+    # A run that timed a subset (eval.timed_samples, eval/shards.py) says how many prompts its speedup stands on.
+    timed = summary.get("timed")
+    subset = (f"; speedup, TPOT and TTFT over a seeded subset of the prompts (eval.timed_samples={timed['samples']}, "
+              f"seed {timed['seed']}), τ over all") if timed else ""
     head = (f"**{summary['drafter']}** on **{summary['target']}**, {d['protocol']} decoding at T={d['temperature']}"
             f" (τ includes the bonus token; 95% CI: bootstrap over prompts; speedup = mean AR TPOT / mean TPOT, "
-            f"same engine, same prompts)\n\n")
-    rows = ["| benchmark | samples | turns | τ | τ 95% CI | speedup | TPOT ms | AR TPOT ms | TTFT ms | "
-            "lossless mismatches |",
-            "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+            f"same engine, same prompts{subset})\n\n")
+    rows = ["| benchmark | samples | turns | τ | τ 95% CI | speedup | " + ("timed | " if timed else "")
+            + "TPOT ms | AR TPOT ms | TTFT ms | lossless mismatches |",
+            "|---|---:|---:|---:|---|---:|" + ("---:|" if timed else "") + "---:|---:|---:|---:|"]
     for name, b in summary["benchmarks"].items():
         rows.append(f"| {name} | {b['num_samples']} | {b['num_turns']} | {_f(b['tau'], '.2f')} | "
                     f"{ci(b.get('tau_ci95'))} | "
-                    f"{_f(b['speedup'], '.2f')}{'' if b['speedup'] is None else '×'} | {_f(b['tpot_ms'], '.1f')} | "
-                    f"{_f(b['tpot_ar_ms'], '.1f')} | {_f(b['ttft_ms'], '.0f')} | "
+                    f"{_f(b['speedup'], '.2f')}{'' if b['speedup'] is None else '×'} | "
+                    + (f"{b.get('timed_samples', '–')} | " if timed else "")
+                    + f"{_f(b['tpot_ms'], '.1f')} | {_f(b['tpot_ar_ms'], '.1f')} | {_f(b['ttft_ms'], '.0f')} | "
                     f"{_f(b['lossless_mismatches'], 'd')}{_ties(b)} |")
     rows.append(f"| **macro** | | | **{_f(m['tau'], '.2f')}** | {ci(m.get('tau_ci95'))} | "
-                f"**{_f(m['speedup'], '.2f')}** | | | | |")
+                f"**{_f(m['speedup'], '.2f')}** | " + ("| " if timed else "") + "| | | |")
     return head + "\n".join(rows) + "\n" + machine_line(summary)
 
 
