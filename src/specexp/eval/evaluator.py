@@ -1,10 +1,13 @@
 """The evaluator: runs every benchmark sample through the engine with the drafter and with no drafter (the
 AR baseline), writes one `samples.jsonl` record per turn as each sample finishes, and summarises.
 
-With `eval.timed_samples` (eval/shards.py) only a seeded subset of the prompts is timed: τ and the lossless check
-still cover every prompt, but a turn outside the subset records no timing (`tpot`, `ttft`, `ar_tpot`, `ar_ttft`
-null, `"timed": false`; inside, `"timed": true`) and runs AR only where the lossless check compares with it
-(greedy decoding, `eval.check_lossless` auto or true), so speedup, TPOT and TTFT come from the timed prompts.
+With `eval.timed_samples` (eval/shards.py) only a seeded subset of the prompts is timed, so speedup, TPOT and TTFT
+come from the timed prompts (decoded online, drafter and AR interleaved at batch 1, `"timed": true`), while τ still
+covers every prompt. A turn outside the subset (`"timed": false`, no clock fields) is, under greedy decoding,
+replayed (eval/replay.py) on the target's greedy reference, which `replay.batch_size`'s batched generation builds
+(cached and shared with task=replay): its τ is the engine's exactly (near-tie rounds flagged), its losslessness holds
+by construction (`lossless` null, `"replayed": true`). Under sampling (protocols A and B) there is no single
+reference: such a turn is decoded online, without AR's run unless the lossless check asks for it.
 
 Files in the run directory (the results contract; see docs/architecture.md):
   samples.jsonl   appended as each sample finishes; a rerun into the same directory skips finished samples
@@ -36,6 +39,7 @@ from ..machine import resolve_device
 from ..report.tables import summary_markdown
 from ..tracking import make_logger, run_info
 from . import metrics, shards
+from .replay import build_references, default_replay, replay_sample
 from .store import ResultStore
 from .summary import decode_config, run_settings, summarize
 
@@ -173,13 +177,21 @@ def run_eval(cfg, out_dir: Path) -> dict:
 
         done = store.done()
         todo = [s for s in samples if (s.benchmark, s.id) not in done]
+        untimed = [s for s in todo if timed_keys is not None and (s.benchmark, s.id) not in timed_keys]
+        refs, rp = None, default_replay(cfg)
+        if untimed and dec.protocol == "greedy":        # τ of the untimed prompts by replay, references batched
+            refs = build_references(cfg, target, untimed, dc, rp)
         if todo and ev.warmup:
             warmup(target, drafter, dc, ev.warmup)
         bar = tqdm(todo, desc=f"eval {cfg.drafter.name} on {target.name}", unit="sample",
                    disable=not ev.progress, dynamic_ncols=True)
         for sample in bar:
-            recs = run_sample(target, drafter, sample, dc, ev, cfg.seed, round_metrics,
-                              None if timed_keys is None else (sample.benchmark, sample.id) in timed_keys)
+            timed = None if timed_keys is None else (sample.benchmark, sample.id) in timed_keys
+            if timed is False and refs is not None:
+                recs = [{**r, "timed": False, "replayed": True} for r in
+                        replay_sample(target, drafter, sample, refs, dc, rp, ev.save_text, round_metrics)]
+            else:
+                recs = run_sample(target, drafter, sample, dc, ev, cfg.seed, round_metrics, timed)
             store.append(recs)
             taus = [r["tau"] for r in recs if r["tau"] is not None]
             bar.set_postfix(bench=sample.benchmark, tau=f"{metrics.fmean(taus):.2f}" if taus else "–")

@@ -155,7 +155,7 @@ class Workload:
 def workload(samples, answer_tokens: dict[str, float], timed: dict[str, list[str]] | None,
              prompt_tokens=None) -> list[Workload]:
     """The workload of `samples` (benchmarks.Sample); `prompt_tokens(sample, turn)` counts a turn's own user tokens
-    (default: characters / CHARS_PER_TOKEN). `timed`: eval/timed.subset's ids (None: every sample timed)."""
+    (default: characters / CHARS_PER_TOKEN). `timed`: eval/shards.timed_subset's ids (None: all timed)."""
     count = prompt_tokens or (lambda s, i: len(s.turns[i]) / CHARS_PER_TOKEN)
     out: dict[str, Workload] = {}
     for s in samples:

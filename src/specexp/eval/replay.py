@@ -213,10 +213,19 @@ def replay_settings(cfg) -> ReplayConfig:
     return rp
 
 
-def build_references(cfg, target, samples, dc: DecodeConfig) -> ReferenceStore:
+def default_replay(cfg) -> ReplayConfig:
+    """The `replay` settings of a task that replays without the replay group (task=eval's untimed prompts): the
+    caches under `paths.cache` as conf/task/replay.yaml has them, eval.near_tie, every other key its default."""
+    root = f"{cfg.paths.cache}"
+    return ReplayConfig(cache_dir=f"{root}/references", tap_cache_dir=f"{root}/replay_taps",
+                        near_tie=EvalConfig.from_cfg(cfg.eval).near_tie)
+
+
+def build_references(cfg, target, samples, dc: DecodeConfig, rp: ReplayConfig | None = None) -> ReferenceStore:
     """The reference store of this target and budget, with every selected sample's reference (computed as needed,
-    resumably; `replay.references=FILE` imported first; `replay.export=FILE` written after)."""
-    rp = ReplayConfig.from_cfg(cfg.replay)
+    resumably; `replay.references=FILE` imported first; `replay.export=FILE` written after). `rp`: the replay
+    settings (default: the config's `replay` group)."""
+    rp = rp or ReplayConfig.from_cfg(cfg.replay)
     store = ReferenceStore(rp.cache_dir, set_fingerprint(target, dc))
     if rp.references:
         store.import_file(rp.references)
@@ -287,6 +296,18 @@ def tap_file(rp: ReplayConfig, refs: ReferenceStore, taps, key: str, turn: int) 
     return _tap_file(root, refs.hash, taps, key, turn) if root is not None else None
 
 
+def replay_sample(target, drafter, sample, refs: ReferenceStore, dc: DecodeConfig, rp: ReplayConfig,
+                  save_text: bool, round_metrics=None) -> list[dict]:
+    """Every turn's replay record of one sample, on its reference (which must be in `refs`)."""
+    taps = drafter.tap_layers if drafter is not None else ()
+    ref, recs = refs.get(sample), []
+    for turn, prompt, tokens in turns_with_prompts(target, sample, ref):
+        tf = cached_teacher_forced(target, prompt, tokens, taps, tap_file(rp, refs, taps, ref["key"], turn))
+        gen, ties = replay_turn(drafter, prompt, tokens, tf, dc, rp.near_tie, rp.batched)
+        recs.append(replay_record(sample, turn, gen, ties, tf, target.decode(tokens), save_text, round_metrics))
+    return recs
+
+
 def grid_requested(cfg) -> bool:
     """Whether `replay.fusion_grid` asks for an alpha/beta grid (task=replay then runs eval/fusion_grid.py)."""
     g = ReplayConfig.from_cfg(cfg.replay).fusion_grid
@@ -314,7 +335,6 @@ def run_replay(cfg, out_dir) -> dict:
     if rp.references_only:
         return {}
     settings = run_settings(cfg, refs)
-    taps = drafter.tap_layers if drafter is not None else ()
     with ResultStore(out_dir, settings, samples, shards.entry(selected, shard)) as store:
         write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         write_json(out_dir / "run_info.json", {**run_info(device), "target_source": target.source,
@@ -328,12 +348,7 @@ def run_replay(cfg, out_dir) -> dict:
         bar = tqdm(todo, desc=f"replay {cfg.drafter.name} on {target.name}", unit="sample",
                    disable=not ev.progress, dynamic_ncols=True)
         for sample in bar:
-            ref, recs = refs.get(sample), []
-            for turn, prompt, tokens in turns_with_prompts(target, sample, ref):
-                tf = cached_teacher_forced(target, prompt, tokens, taps, tap_file(rp, refs, taps, ref["key"], turn))
-                gen, ties = replay_turn(drafter, prompt, tokens, tf, dc, rp.near_tie, rp.batched)
-                recs.append(replay_record(sample, turn, gen, ties, tf, target.decode(tokens), ev.save_text,
-                                          round_metrics))
+            recs = replay_sample(target, drafter, sample, refs, dc, rp, ev.save_text, round_metrics)
             store.append(recs)
             taus = [r["tau"] for r in recs if r["tau"] is not None]
             bar.set_postfix(bench=sample.benchmark, tau=f"{metrics.fmean(taus):.2f}" if taus else "–")
