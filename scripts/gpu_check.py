@@ -22,6 +22,21 @@ Parts (`--list`), most valuable first (a run cut short loses the least):
                         eager static engine (argmax equal where the top-2 gap exceeds twice the difference), every
                         time over the HBM floor (weights but the embedding and the KV cache, over the read bandwidth
                         measured by a sum over 1 GiB)
+  batched_ar            batched greedy AR on the static engine (StaticTarget.decode_rows, decoding/batch.py) at
+                        Qwen3-8B shapes, B = 1, 8, 32, 64 rows at a context of --context tokens: ms per step,
+                        tokens/s and its ratio to B = 1 (goal: >= 20x at B = 32), the HBM floor of a step (weights
+                        but the embedding and B rows of KV over the measured read bandwidth), syncs per step, peak
+                        memory; 8 rows of different prompt lengths against their own batch-1 decode over 16 tokens
+                        (fp32 dry run: equal; bf16: the rows that differ are counted, not failed); generate_batched
+                        end to end on 2 B random prompts (prefills and refills): tokens/s of the whole run
+  plan_calibration      what task=plan reads: plan.calibrate on the Qwen3-8B-shaped target as target.engine=auto
+                        runs it (static engine, CUDA graphs) with DeLS Table 3's drafters (DFlash 5 layers, DeLS-
+                        Markov, DeLS-RNN, Domino-FT; one shared backbone; random weights), B = 1, 8, 32, 64 at a
+                        1,024-token context, written as calibration.json beside the report (the report's
+                        `calibration_file`); then Table 3 projected from it (plan.project: eval=paper's 8
+                        benchmarks, references at batch 32, 20 timed samples a benchmark, τ plan.DEFAULT_TAU) at the
+                        2048-token answer bound and at an assumed typical 600 tokens: both tables, total hours, and
+                        the goal (<= 1 device-hour) as an informative figure
   oracle_decode         end-to-end greedy decoding through the real engine (decoding/engine.py) at Qwen3-8B widths,
                         per drafter (DFlash, DeLS-RNN / Markov, Domino-FT, EAGLE-3 chain; random init), with an oracle
                         forcing n accepted drafts a round (n = 0, 3, 7, 15, up to the drafter's K): the drafter's
@@ -58,20 +73,34 @@ torch + CUDA + transformers). Deadlines are cumulative: part i must end by the s
 a part leaves unused goes to the later ones and the whole run stays within 570 s. Set from the first H200 run
 (2026-12-04, experiments/results/gpu/2026-12-04/; wall seconds per part, the limit then -> now) and the CPU dry run
 (2 busy cores, the image's package set simulated, 542 s in all):
-  qwen3_8b_shape    110  H200 93 s with 30-iteration timings (95 -> over its limit once, passed alone); now 10
-                         iterations. ~20 s of it is the host-side random init of the 5-layer DFlash drafter at 8B
-                         widths (drafters/layers.init_weights draws on the CPU). CPU dry run 22 s
-  static_graph       90  not yet run on a GPU; estimated: start + build ~15 s, eager timings (20 iterations x 5
+  qwen3_8b_shape 110 -> 65  H200 93 s with 30-iteration timings and four host-side builds of the 5-layer DFlash
+                         backbone at 8B widths (one per drafter; the stack samples found ~20 s there); now 10
+                         iterations (~18 s less of timed calls) and one backbone drawn on the GPU, shared by the
+                         three heads (_shared_dflash): ~55 s expected. CPU dry run 22 s
+  static_graph  90 -> 80  not yet run on a GPU; estimated: start + build ~15 s, eager timings (20 iterations x 5
                          repeats of a ~35 ms step and a verify) ~10 s, two captures of the plain step ~5 s, inductor
                          compiling one decoder layer per shape (2 shapes) and capturing ~30-60 s. CPU dry run 54 s
-  oracle_decode     140  H200: the fp32 sweep (4 layers, 64 tokens, 5 drafters x 4 n) took ~60 s, the bf16 sweep at
-                         36 layers did not finish in 165 s (4 of 5 drafters); now 48 tokens. CPU dry run 112 s
+  batched_ar     new 40  not yet run on a GPU; estimated: start ~10 s, build ~7 s (qwen3_8b_shape's build_s), 4 B x
+                         ~29 steps of ~30-50 ms, 8 x 16 batch-1 steps ~4 s, generate_batched on 2 B prompts of 32
+                         tokens (210 prefills, ~260 steps) ~12 s: ~37 s. CPU dry run 25 s
+  plan_calibration new 54 not yet run on a GPU; estimated: start + build ~17 s, the shared backbone on the GPU and
+                         three heads ~5 s, calibrate (4 B, prefill and teacher-forced 1,024 tokens, 4 verify
+                         captures, 4 drafters' proposals, Triton autotuning, propose_all at 64 anchors) ~20 s,
+                         the projection ~1 s: ~45 s. CPU dry run 30 s
+  oracle_decode 140 -> 110  H200: the fp32 sweep (4 layers, 64 tokens, 5 drafters x 4 n) took ~60 s, the bf16 sweep
+                         at 36 layers did not finish in 165 s (4 of 5 drafters, each building its own 5-layer
+                         backbone on the host); now 48 tokens, 3 n in bf16 and one backbone per sweep drawn on the
+                         GPU: ~90 s expected. CPU dry run 112 s
   kernel_parity      30  H200 26 s. CPU dry run 58 s (interpreter, V = 2048)
-  drafters_lossless  55  H200 49 s. CPU dry run 145 s
-  protocol_b_graph   70  H200 66 s (1,500 generations of 4 tokens). CPU dry run 105 s
-  head_loop_graph    20  H200 16 s. CPU dry run 20 s
-  fusion_tiles_compile 15 H200 11 s. CPU dry run 31 s
+  drafters_lossless 55 -> 52  H200 49 s. CPU dry run 145 s
+  protocol_b_graph 70 -> 68  H200 66 s (1,500 generations of 4 tokens). CPU dry run 105 s
+  head_loop_graph 20 -> 18  H200 16 s. CPU dry run 20 s
+  fusion_tiles_compile 15 -> 13  H200 11 s. CPU dry run 31 s
   train_smoke        40  H200 37 s (torch.compile of flex attention). CPU dry run 38 s
+The two new parts (2026-12) took their 94 s from the parts above whose measured or expected time leaves slack,
+mostly qwen3_8b_shape and oracle_decode, whose host-side drafter builds are gone; the margins are now a few
+seconds each, so the first GPU run of this version should confirm them (a part that overruns shortens only the
+parts after it: the deadlines are cumulative).
 
 Host syncs are counted with torch.cuda.set_sync_debug_mode("warn"): every synchronising CUDA call (.item(),
 .tolist(), a blocking copy, nonzero, ...) raises "called a synchronizing CUDA operation" warnings, and the
@@ -756,6 +785,68 @@ def _build_qwen3(ctx, shape: dict, dtype, name: str = "qwen3_8b_shape"):
     return Target(name, model, None, QWEN3_MASK_ID, [], source="random init"), impl
 
 
+@contextlib.contextmanager
+def _shared_dflash(dev, backbones: dict):
+    """Inside: every DFlash backbone built (drafter=dflash through the registry, and the one dels / domino build
+    around their head) is drawn on `dev` and built once per settings, kept in `backbones` (one dict per target).
+    DeLS-RNN / Markov and Domino-FT are heads on the target's one released DFlash, so sharing it is what a real run
+    has; and with seed 0 each random build gave the same weights anyway. Why: a 5-layer backbone at 8B widths is
+    ~1.1 B weights, built and drawn on the CPU (the modules' own init, then drafters/layers.init_weights), once per
+    drafter: the H200 run's stack samples of qwen3_8b_shape (four builds) found ~20 s there."""
+    import dataclasses
+
+    import torch
+
+    from specexp import registry
+    from specexp.drafters import dflash
+
+    real_build, real_init, entry = dflash.build, dflash.init_weights, registry.DRAFTERS["dflash"]
+
+    def init_on_device(model, seed: int, std: float = 0.02):
+        """init_weights' N(0, std) linears and zero biases, drawn where the weights are used."""
+        g = torch.Generator(dev).manual_seed(seed)
+        model.to(dev)
+        with torch.no_grad():
+            for m in model.modules():
+                if isinstance(m, torch.nn.Linear):
+                    m.weight.normal_(0.0, std, generator=g)
+                    if m.bias is not None:
+                        m.bias.zero_()
+        return model
+
+    def build_once(cfg, target, *args, **kwargs):
+        key = tuple(str(getattr(cfg, k, None)) for k in ("init", "checkpoint", "num_layers", "block_size",
+                                                         "target_layer_ids", "seed"))
+        if key not in backbones:
+            with torch.device(dev):                    # the modules' own default init on the device too
+                backbones[key] = real_build(cfg, target, *args, **kwargs)
+        return backbones[key]
+
+    dflash.build, dflash.init_weights = build_once, init_on_device
+    registry.DRAFTERS["dflash"] = dataclasses.replace(entry, build=build_once)
+    try:
+        yield backbones
+    finally:
+        dflash.build, dflash.init_weights, registry.DRAFTERS["dflash"] = real_build, real_init, entry
+
+
+def _step_bytes(model, shape: dict, dtype) -> tuple[int, int]:
+    """(bytes of the weights a decode step reads: all but the embedding table, of which one row is read; KV bytes per
+    cached position: keys and values of every layer)."""
+    weights = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    return weights, 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * dtype.itemsize
+
+
+def _read_bandwidth(dev, dtype) -> float:
+    """Bytes per second the device reads: a sum over 1 GiB of `dtype` (64 MiB on a CPU), reads only."""
+    import torch
+
+    cuda = torch.device(dev).type == "cuda"
+    buf = torch.ones((2**30 if cuda else 2**26) // dtype.itemsize, dtype=dtype, device=dev)
+    ms = time_ms(lambda: buf.sum(), dev, 10 if cuda else 2)
+    return buf.numel() * buf.element_size() / (ms / 1e3)
+
+
 def part_qwen3_8b_shape(ctx) -> dict:
     import torch
 
@@ -778,7 +869,9 @@ def part_qwen3_8b_shape(ctx) -> dict:
     block = torch.randint(0, 151643, (1, B), generator=g).to(dev)                              # [1, B]
     anchor = int(block[0, 0])
     layers = ["drafter.init=random", f"drafter.num_layers={1 if ctx.dry else 5}", "drafter.block_size=16"]
-    dflash = registry.build_drafter(compose(["drafter=dflash", *layers]).drafter, t)
+    backbones: dict = {}                      # DFlash and the three heads on it: one backbone (_shared_dflash)
+    with _shared_dflash(dev, backbones):
+        dflash = registry.build_drafter(compose(["drafter=dflash", *layers]).drafter, t)
     taps = dflash.tap_layers
     cache = t.new_cache()
     _, prompt_taps = t.forward(prompt, 0, cache, taps=taps)                                     # [1, P, n*H]
@@ -871,13 +964,14 @@ def part_qwen3_8b_shape(ctx) -> dict:
         dflash.prefill(prompt_taps)
         f["dflash_draft_ms"] = time_ms(lambda: dflash.propose(anchor, P, B - 1, None), dev, iters)
         f["dflash_syncs_per_propose"] = syncs_of(lambda: dflash.propose(anchor, P, B - 1, None), dev)
-    dflash = None                                                     # free it before the next drafters
+    dflash = None
     f["sequential_drafters"] = {}
     for name in ("dels_rnn", "dels_markov", "domino_ft"):             # DFlash + the loop, in three loop variants
         with step(f, checks, name):
             o = [f"drafter={name}", *layers, f"fusion.kernel={'triton' if cuda else 'torch'}",
                  f"fusion.cuda_graph={'true' if cuda else 'false'}"]
-            d = registry.build_drafter(compose(o).drafter, t)
+            with _shared_dflash(dev, backbones):
+                d = registry.build_drafter(compose(o).drafter, t)
             d.reset()
             d.prefill(prompt_taps)
             graphs, kernel = d.graphs, d.kernel
@@ -1003,13 +1097,9 @@ def part_static_graph(ctx) -> dict:
 
     # the floor: the bytes of one step (weights but the embedding table, the KV cache of the context or of the padded
     # window) over the measured read bandwidth (a sum over 1 GiB of the model's dtype: reads only)
-    weights = sum(p.numel() * p.element_size() for n, p in t.model.named_parameters() if "embed_tokens" not in n)
-    kv_per_pos = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * dtype.itemsize
+    weights, kv_per_pos = _step_bytes(t.model, shape, dtype)
     with step(f, checks, "read_bandwidth"):
-        buf = torch.ones((2**30 if cuda else 2**26) // dtype.itemsize, dtype=dtype, device=dev)
-        ms = time_ms(lambda: buf.sum(), dev, 10 if cuda else 2)
-        bw = buf.numel() * buf.element_size() / (ms / 1e3)
-        buf = None
+        bw = _read_bandwidth(dev, dtype)
         floor = {"read_bandwidth_gbs": bw / 1e9, "weight_bytes": weights, "kv_bytes_context": kv_per_pos * P,
                  "kv_bytes_window": kv_per_pos * window, "window": window,
                  "floor_ms": (weights + kv_per_pos * P) / bw * 1e3,
@@ -1026,6 +1116,241 @@ def part_static_graph(ctx) -> dict:
         notes.append(f"scaled shape: {shape} (Qwen3-8B: hidden 4096, 36 layers, 32/8 heads, 12288, 151936)")
     if not cuda:
         notes.append("dry run: CPU timings and bandwidth (a 64 MiB reduction), no sync counts")
+    return {"figures": f, "checks": checks, "notes": notes}
+
+
+BATCHES = (1, 8, 32, 64)             # batched_ar and the plan's calibration: rows per step
+BATCHES_DRY = (1, 2, 4)
+BATCH_CHECK = (8, 16)                # rows checked against their batch-1 decode, new tokens each
+BATCH_GEN_TOKENS = 32                # new tokens per prompt of the end-to-end generate_batched runs
+
+
+class _PromptJob:
+    """One single-turn job of decoding/batch.generate_batched: its prompt, then the tokens it got."""
+
+    def __init__(self, i: int, prompt: list[int]):
+        self.i, self.prompt, self.tokens = i, prompt, None
+
+    def next_prompt(self, previous):
+        if previous is None:
+            return self.prompt
+        self.tokens = previous.tokens
+        return None
+
+
+def _random_prompts(n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
+    import random
+
+    rnd = random.Random(seed)
+    return [[rnd.randrange(151643) for _ in range(rnd.randint(lo, hi))] for _ in range(n)]
+
+
+def part_batched_ar(ctx) -> dict:
+    """Batched AR on the static engine (`StaticTarget.decode_rows`, decoding/batch.py) at Qwen3-8B shapes: ms per step
+    of B rows at a context of `--context` tokens, tokens/s and its ratio to B = 1, each beside the HBM floor of a
+    step (weights but the embedding, and B rows of KV, over the measured read bandwidth), peak memory; every row's
+    greedy tokens against its own batch-1 decode; generate_batched end to end (prefills, refills) on 2 B prompts."""
+    import torch
+
+    from specexp.decoding.batch import generate_batched
+    from specexp.decoding.engine import DecodeConfig, generate
+    from specexp.static_target import StaticTarget
+
+    dev, dtype = ctx.device, qwen3_dtype(ctx)
+    cuda = dev.type == "cuda"
+    shape = _qwen3_shape(ctx)
+    t0 = time.perf_counter()
+    t, impl = _build_qwen3(ctx, shape, dtype, name="batched_ar")
+    st = StaticTarget.of(t)
+    C = 64 if ctx.dry else ctx.args.context
+    batches = BATCHES_DRY if ctx.dry else BATCHES
+    f = {"shape": shape, "scaled": ctx.dry or shape["num_hidden_layers"] != 36, "dtype": str(dtype),
+         "attn_implementation": impl, "build_s": time.perf_counter() - t0, "context_tokens": C, "steps": {}}
+    checks, notes = {}, []
+    iters = 1 if ctx.dry else 5             # ~30 ms a step at 36 layers: 5 x 5 reps + 3 warm-up ~ 1 s per B
+    weights, kv_per_pos = _step_bytes(t.model, shape, dtype)
+    bw = _read_bandwidth(dev, dtype)
+    f["hbm"] = {"read_bandwidth_gbs": bw / 1e9, "weight_bytes": weights, "kv_bytes_per_row": kv_per_pos * (C + 1)}
+    g = torch.Generator().manual_seed(0)
+    for b in batches:
+        with step(f, checks, f"step_b{b}"):
+            if cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            cache = st.new_rows_cache(b, C + 1)
+            ids = torch.randint(0, 151643, (b,), generator=g).to(dev)                          # [B]
+            live = [True] * b
+
+            def one(cache=cache, ids=ids, b=b):
+                cache.lengths = [C] * b          # every row back at the context: each call is the same step
+                st.decode_rows(ids, cache, live)
+            ms = time_ms(one, dev, iters)
+            floor = (weights + b * kv_per_pos * (C + 1)) / bw * 1e3
+            f["steps"][str(b)] = {"ms_per_step": ms, "tokens_per_s": b / ms * 1e3, "floor_ms": floor,
+                                  "over_floor": ms / floor, "syncs_per_step": syncs_of(one, dev),
+                                  "peak_memory": peak_memory(dev)}
+            cache = ids = one = None          # freed before the next B: its peak memory is its own
+            ctx.save_partial(f, checks, notes)
+    one_row = f["steps"].get("1", {}).get("tokens_per_s")
+    for row in f["steps"].values():
+        row["tokens_per_s_vs_b1"] = row["tokens_per_s"] / one_row if one_row else None
+    b32 = f["steps"].get("32", {}).get("tokens_per_s_vs_b1")
+    f["goals"] = {"b32_tokens_per_s_ge_20x_b1": None if b32 is None else b32 >= 20,
+                  "b32_tokens_per_s_vs_b1": b32}
+
+    # each row of a batch against its own batch-1 decode (decoding.engine.generate, no drafter), prompts of
+    # different lengths: fp32 must be equal; in bf16 a row's products among B rows may round apart (reported)
+    rows, new = (4, 8) if ctx.dry else BATCH_CHECK
+    with step(f, checks, "rows_vs_batch1"):
+        prompts = [_random_prompts(1, 5 + 13 * i, 5 + 13 * i, i)[0] for i in range(rows)]     # 5, 18, 31, ... tokens
+        dc = DecodeConfig(max_new_tokens=new)
+        ref = [generate(st, None, p, dc).tokens for p in prompts]
+        jobs = [_PromptJob(i, p) for i, p in enumerate(prompts)]
+        generate_batched(st, jobs, dc, rows, lambda j: None)
+        differ = {j.i: _first_mismatch(j.tokens, r) for j, r in zip(jobs, ref) if j.tokens != r}
+        f["rows_vs_batch1"] = {"rows": rows, "new_tokens": new, "prompt_tokens": [len(p) for p in prompts],
+                               "rows_differing": len(differ), "first_mismatch": differ}
+        if dtype == torch.float32:
+            checks["rows_equal_batch1"] = not differ
+        elif differ:
+            notes.append(f"bf16: {len(differ)} of {rows} rows left their batch-1 tokens (rounding among B rows; "
+                         "reported, not failed)")
+        ctx.save_partial(f, checks, notes)
+
+    # end to end: 2 B prompts of 16..128 tokens through generate_batched (a batch-1 prefill per row, refills as
+    # rows finish, the tail shrinking), tokens/s of the whole run
+    f["generate_batched"] = {}
+    lo, hi, new = (4, 16, 6) if ctx.dry else (16, 128, BATCH_GEN_TOKENS)
+    for b in batches:
+        with step(f, checks, f"generate_b{b}"):
+            jobs = [_PromptJob(i, p) for i, p in enumerate(_random_prompts(2 * b, lo, hi, 100 + b))]
+            sync(dev)
+            t1 = time.perf_counter()
+            n_steps = generate_batched(st, jobs, DecodeConfig(max_new_tokens=new), b, lambda j: None)
+            sync(dev)
+            s = time.perf_counter() - t1
+            tokens = sum(len(j.tokens) for j in jobs)
+            f["generate_batched"][str(b)] = {"prompts": len(jobs), "prompt_tokens": sum(len(j.prompt) for j in jobs),
+                                             "new_tokens": tokens, "steps": n_steps, "seconds": s,
+                                             "tokens_per_s": tokens / s}
+            checks[f"generate_b{b}_every_prompt_answered"] = all(len(j.tokens or ()) == new for j in jobs)
+            ctx.save_partial(f, checks, notes)
+    one_row = f["generate_batched"].get("1", {}).get("tokens_per_s")
+    for row in f["generate_batched"].values():
+        row["tokens_per_s_vs_b1"] = row["tokens_per_s"] / one_row if one_row else None
+    f["peak_memory"] = peak_memory(dev)
+    notes.append(f"ms_per_step: one decode_rows call of B rows, each at position {C} (its KV of {C} positions "
+                 "read); floor = (weights + B rows of KV) / the read bandwidth measured here; generate_batched: "
+                 f"{new} new tokens a prompt (random weights: no stop token), prefills included")
+    if f["scaled"]:
+        notes.append(f"scaled shape: {shape} (Qwen3-8B: hidden 4096, 36 layers, 32/8 heads, 12288, 151936)")
+    if not cuda:
+        notes.append("dry run: CPU timings, no sync counts or peak memory; B = 32 not run, so its goal is null")
+    return {"figures": f, "checks": checks, "notes": notes}
+
+
+# DeLS-Spec Table 3 at Qwen3-8B as conf/experiment/plan_dels_table3.yaml composes it: eval=paper, benchmark=all
+TABLE3_BENCHMARKS = ("gsm8k", "math500", "aime25", "humaneval", "mbpp", "livecodebench", "mt_bench", "alpaca")
+TABLE3_DRAFTERS = ("none", "dflash", "dels_markov", "dels_rnn", "domino_ft")
+TABLE3_BATCH, TABLE3_TIMED, TABLE3_MAX_NEW = 32, 20, 2048     # replay.batch_size, eval.timed_samples, max_new_tokens
+TYPICAL_ANSWER_TOKENS = 600     # an assumption (not measured here): non-thinking Qwen3-8B answers of a few hundred
+                                # tokens on most of these benchmarks, well under the 2048 budget
+
+
+def part_plan_calibration(ctx) -> dict:
+    """The calibration `task=plan` reads (`plan.calibrate`: batched AR steps, prefill and teacher-forced tokens,
+    verifies, each Table 3 drafter's proposal and replay per anchor) for the Qwen3-8B-shaped target as
+    target=qwen3_8b runs on this device (the static engine; on CUDA its steps after the prefill CUDA graphs), written
+    as calibration.json beside the report; then DeLS Table 3's projected device time from it (`plan.project`), at
+    the 2048-token answer bound and at a typical answer length."""
+    from datetime import datetime, timezone
+
+    from specexp import benchmarks, registry
+    from specexp.eval import plan
+    from specexp.eval.shards import timed_subset
+    from specexp.static_target import StaticTarget
+
+    dev, dtype = ctx.device, qwen3_dtype(ctx)
+    cuda = dev.type == "cuda"
+    shape = _qwen3_shape(ctx)
+    scaled = ctx.dry or shape["num_hidden_layers"] != 36
+    t0 = time.perf_counter()
+    t, impl = _build_qwen3(ctx, shape, dtype, name="qwen3_8b_scaled" if scaled else "qwen3_8b")
+    # what registry.build_target makes of target.engine=auto: the static engine, every step shape after the prefill
+    # a CUDA graph on CUDA (inductor only with target.compile=true), eager on a CPU
+    st = StaticTarget.of(t, compile=cuda, inductor=False)
+    layers = 1 if ctx.dry else 5         # the released Qwen3-8B DFlash (z-lab, block 16) has 5 layers
+    backbones: dict = {}
+    with _shared_dflash(dev, backbones):
+        drafters = {n: registry.build_drafter(compose([f"drafter={n}", "drafter.init=random",
+                                                       f"drafter.num_layers={layers}", "drafter.block_size=16"]
+                                                      ).drafter, st) for n in TABLE3_DRAFTERS if n != "none"}
+    f = {"shape": shape, "scaled": scaled, "dtype": str(dtype), "attn_implementation": impl,
+         "engine": "static, CUDA graphs" if cuda else "static, eager", "drafter_layers": layers,
+         "build_s": time.perf_counter() - t0}
+    checks, notes = {}, []
+    batches, context = (BATCHES_DRY, 64) if ctx.dry else (BATCHES, ctx.args.context)
+    t1 = time.perf_counter()
+    cal = plan.calibrate(st, drafters, batches=batches, context=context, reps=1 if ctx.dry else 5,
+                         anchors=8 if ctx.dry else 64)
+    f["calibrate_s"] = time.perf_counter() - t1
+    cal["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    cal["source"] = ("scripts/gpu_check.py plan_calibration: random weights at the target's shapes (a step's cost "
+                     "does not depend on them)" + (f", scaled: {shape}" if scaled else ""))
+    path = Path(ctx.args.out).resolve().parent / "calibration.json"
+    write_report(path, cal)
+    f["calibration_file"], f["calibration"] = str(path), cal
+    checks["calibration_reads_back"] = plan.read_calibration(path) == json.loads(json.dumps(cal, default=str))
+    ctx.save_partial(f, checks, notes)
+
+    samples = benchmarks.load(list(TABLE3_BENCHMARKS), "paper")
+    timed = timed_subset(samples, TABLE3_TIMED, 0)
+    tau = {d: plan.DEFAULT_TAU["qwen3_8b"] for d in TABLE3_DRAFTERS if d != "none"}
+    best = plan.best_batch(cal)
+    f["workload"] = {"samples": len(samples), "turns": sum(len(s.turns) for s in samples),
+                     "timed_samples": sum(len(v) for v in timed.values()), "batch": TABLE3_BATCH, "tau": tau}
+    f["projection"], f["headline"] = {}, []
+    for label, answer, why in (("bound", TABLE3_MAX_NEW, f"eval.max_new_tokens={TABLE3_MAX_NEW} (an upper bound, "
+                                                            "task=plan's default without reference answers)"),
+                               ("typical", TYPICAL_ANSWER_TOKENS, "assumed typical answer length (not measured)")):
+        work = plan.workload(samples, {n: float(answer) for n in TABLE3_BENCHMARKS}, timed)
+        rows = plan.project(cal, work, list(TABLE3_DRAFTERS), tau, TABLE3_BATCH)
+        total = sum(r["seconds"] for r in rows)
+        f["workload"]["per_benchmark"] = {w.benchmark: {"samples": w.samples, "turns": w.turns,
+                                                        "timed_turns": w.timed_turns} for w in work}
+        assumptions = {
+            "answer tokens per turn": f"{answer} on every benchmark ({why})",
+            "prompt tokens per turn (mean)": ", ".join(f"{w.benchmark} {w.prompt_tokens:.0f}" for w in work)
+                                             + f" (characters / {plan.CHARS_PER_TOKEN})",
+            "τ of the timed rounds": ", ".join(f"{k} {v:g}" for k, v in tau.items())
+                                    + " (plan.DEFAULT_TAU: the DFlash paper's macro τ at Qwen3-8B)",
+            "references batch": f"{TABLE3_BATCH} (replay.batch_size); the calibration's fastest is {best} rows",
+            "timed samples": f"{f['workload']['timed_samples']} (eval.timed_samples={TABLE3_TIMED}, seed 0)",
+            "weights": "random (step costs only)" + ("; SCALED shapes: not Qwen3-8B's costs" if scaled else ""),
+        }
+        md = plan.table(rows, cal, assumptions)
+        f["projection"][label] = {"answer_tokens": answer, "rows": rows, "total_seconds": total,
+                                  "total_hours": total / 3600, "assumptions": assumptions, "markdown": md}
+        line = (f"plan: DeLS Table 3 projected {total / 3600:.2f} device-hours at {answer} answer tokens a turn "
+                f"({label}: {why})")
+        f["headline"].append(line)
+        print(line + "\n" + md, flush=True)                             # the child's log holds both tables
+    hours = {k: v["total_hours"] for k, v in f["projection"].items()}
+    f["goals"] = {"table3_le_1_gpu_hour": hours["bound"] <= 1.0,
+                  "table3_le_1_gpu_hour_at_typical_answers": hours["typical"] <= 1.0}
+    checks["projection_finite"] = all(math.isfinite(h) and h > 0 for h in hours.values())
+    f["peak_memory"] = peak_memory(dev)
+    notes += [f"workload: benchmarks.load({list(TABLE3_BENCHMARKS)}, 'paper') = {f['workload']['samples']} samples, "
+              f"{f['workload']['turns']} turns (the staged editions' counts where a file holds fewer than the "
+              "paper's)",
+              "DFlash, DeLS-Markov, DeLS-RNN and Domino-FT share one DFlash backbone (_shared_dflash), as they do "
+              "in a real run; calibration.json is what task=plan plan.calibration=PATH reads",
+              "goals are informative, not checks: the projection's total at the bound (what task=plan prints by "
+              "default) and at the typical length"]
+    if scaled:
+        notes.append(f"scaled shape: {shape}: the calibration and the hours are not Qwen3-8B's")
+    if not cuda:
+        notes.append("dry run: a CPU calibration of the scaled target; its hours say the code runs, nothing else")
     return {"figures": f, "checks": checks, "notes": notes}
 
 
@@ -1154,9 +1479,11 @@ def _oracle_sweep(ctx, t, label: str, layers: int, prompt: list[int], tokens: in
     res = f[label] = {"ar": {"tpot_ms": 1e3 * ar.decode_s / ar.decode_tokens, "tokens": len(ar.tokens),
                              "syncs_per_step": _decode_syncs(t, None, prompt, DecodeConfig(
                                  protocol="greedy", max_new_tokens=8), dev)}, "drafters": {}}
+    backbones: dict = {}                     # one DFlash backbone for this target's drafters (_shared_dflash)
     for name, over in _oracle_drafters(ctx, layers).items():
         with step(res, checks, f"{label}/{name}"):
-            d = registry.build_drafter(compose(over).drafter, t)
+            with _shared_dflash(dev, backbones):
+                d = registry.build_drafter(compose(over).drafter, t)
             grid = ORACLE_NS_DRY if ctx.dry else ORACLE_NS if exact else ORACLE_NS_BF16
             ns = sorted({min(n, d.max_drafts) for n in grid})
             generate(t, OracleDrafter(d, ar.tokens, len(prompt), ns[-1], t.vocab_size, dev), prompt,
@@ -1222,14 +1549,16 @@ def part_oracle_decode(ctx) -> dict:
 
 
 PARTS = {   # name: (function, GPU time limit in s, Triton interpreted in a dry run); most valuable first (docstring)
-    "qwen3_8b_shape": (part_qwen3_8b_shape, 110, False),
-    "static_graph": (part_static_graph, 90, False),
-    "oracle_decode": (part_oracle_decode, 140, False),
+    "qwen3_8b_shape": (part_qwen3_8b_shape, 65, False),
+    "static_graph": (part_static_graph, 80, False),
+    "batched_ar": (part_batched_ar, 40, False),
+    "plan_calibration": (part_plan_calibration, 54, False),
+    "oracle_decode": (part_oracle_decode, 110, False),
     "kernel_parity": (part_kernel_parity, 30, True),
-    "drafters_lossless": (part_drafters_lossless, 55, False),
-    "protocol_b_graph": (part_protocol_b_graph, 70, True),
-    "head_loop_graph": (part_head_loop_graph, 20, True),
-    "fusion_tiles_compile": (part_fusion_tiles_compile, 15, False),
+    "drafters_lossless": (part_drafters_lossless, 52, False),
+    "protocol_b_graph": (part_protocol_b_graph, 68, True),
+    "head_loop_graph": (part_head_loop_graph, 18, True),
+    "fusion_tiles_compile": (part_fusion_tiles_compile, 13, False),
     "train_smoke": (part_train_smoke, 40, False),
 }
 ALIASES = {"fusion_kernel": "kernel_parity"}     # the former name of kernel_parity's timing half
@@ -1330,8 +1659,10 @@ def run_child(name: str, args, argv, work: Path, limit: float) -> dict:
         env.pop("TRITON_INTERPRET", None)
     res_file, log = work / f"{name}.json", work / f"{name}.log"
     res_file.unlink(missing_ok=True)
+    # --out as this process resolved it: the child runs in ROOT, and a part writes files beside the report
     cmd = [sys.executable, str(Path(__file__).resolve()), *(argv if argv is not None else sys.argv[1:]),
-           "--run-part", name, "--part-json", str(res_file), "--work-dir", str(work / name)]
+           "--out", str(Path(args.out).resolve()), "--run-part", name, "--part-json", str(res_file),
+           "--work-dir", str(work / name)]
     print(f"gpu_check: {name} ...", flush=True)
     p0 = time.perf_counter()
     timed_out = False
@@ -1405,6 +1736,11 @@ def main(argv=None) -> int:
             report["parts"][name] = res
             print(f"gpu_check: {name} {res['status']} ({res['wall_s']:.0f} s of {limit:.0f})"
                   + (f": {str(res['error']).strip().splitlines()[-1]}" if res["error"] else ""), flush=True)
+            figures = res.get("figures") or {}
+            for line in figures.get("headline", []):                   # a part's one-line results (the plan's)
+                print(f"gpu_check:   {line}", flush=True)
+            if figures.get("calibration_file"):                         # plan_calibration wrote it beside the report
+                report["calibration_file"] = figures["calibration_file"]
             report["summary"] = {s: sum(r["status"] == s for r in report["parts"].values())
                                  for s in ("passed", "failed", "skipped")}
             report["wall_s"] = time.perf_counter() - t0

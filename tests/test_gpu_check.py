@@ -7,8 +7,8 @@ import sys
 import pytest
 from conftest import ROOT
 
-PARTS = ["qwen3_8b_shape", "static_graph", "oracle_decode", "kernel_parity", "drafters_lossless", "protocol_b_graph",
-         "head_loop_graph", "fusion_tiles_compile", "train_smoke"]     # most valuable first
+PARTS = ["qwen3_8b_shape", "static_graph", "batched_ar", "plan_calibration", "oracle_decode", "kernel_parity",
+         "drafters_lossless", "protocol_b_graph", "head_loop_graph", "fusion_tiles_compile", "train_smoke"]   # by value
 
 
 @pytest.mark.slow
@@ -53,3 +53,48 @@ def test_dry_run_writes_one_report_where_every_part_passed(tmp_path):
         e = s["engines"][name]
         assert e["capacity"] == 256 and e["ar_argmax_agreement_vs_eager"] == e["verify_argmax_agreement_vs_eager"] == 1
     assert r["parts"]["train_smoke"]["figures"]["steps"] > 0
+
+
+@pytest.mark.slow
+def test_dry_run_of_batched_ar_and_plan_calibration(tmp_path):
+    """The two parts alone (~1 min on two cores): batched AR steps beside their floor, rows equal to their batch-1
+    decode in fp32, generate_batched end to end; the calibration file written beside the report, read back by
+    task=plan's reader, and Table 3 projected from it at both answer lengths."""
+    from specexp.eval.plan import read_calibration
+
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run", "--out", str(out),
+                           "--sections", "batched_ar,plan_calibration", "--work-dir", str(tmp_path / "work")],
+                          capture_output=True, text=True, timeout=900)
+    r = json.loads(out.read_text())
+    assert proc.returncode == 0, proc.stdout[-2000:] + "".join(str(p["error"]) for p in r["parts"].values())
+    assert list(r["parts"]) == ["batched_ar", "plan_calibration"] and r["summary"]["passed"] == 2
+    for name, p in r["parts"].items():
+        assert p["checks"] and all(v is True for v in p["checks"].values()), (name, p["checks"])
+
+    b = r["parts"]["batched_ar"]["figures"]
+    assert set(b["steps"]) == {"1", "2", "4"} and b["steps"]["1"]["tokens_per_s_vs_b1"] == 1
+    for n, row in b["steps"].items():
+        assert row["ms_per_step"] > 0 and row["floor_ms"] > 0
+        assert row["tokens_per_s"] == pytest.approx(int(n) / row["ms_per_step"] * 1e3)
+    assert b["rows_vs_batch1"]["rows_differing"] == 0 and len(set(b["rows_vs_batch1"]["prompt_tokens"])) == 4
+    for n, g in b["generate_batched"].items():                 # 2 B prompts, every answer the whole budget
+        assert g["prompts"] == 2 * int(n) and g["new_tokens"] == 6 * g["prompts"] and g["tokens_per_s"] > 0
+    assert b["goals"]["b32_tokens_per_s_ge_20x_b1"] is None                   # B = 32 is GPU-only
+
+    p = r["parts"]["plan_calibration"]["figures"]
+    path = tmp_path / "calibration.json"                         # beside the report, named in it
+    assert r["calibration_file"] == p["calibration_file"] == str(path)
+    cal = read_calibration(path)
+    assert cal == p["calibration"] and set(cal["ar_step_ms"]) == {"1", "2", "4"}
+    assert set(cal["drafters"]) == {"dflash", "dels_markov", "dels_rnn", "domino_ft"}
+    assert p["workload"]["timed_samples"] == 8 * 20 and p["workload"]["turns"] >= p["workload"]["samples"]
+    bound, typical = p["projection"]["bound"], p["projection"]["typical"]
+    assert bound["answer_tokens"] == 2048 and typical["answer_tokens"] == 600
+    assert 0 < typical["total_seconds"] < bound["total_seconds"]
+    for proj in (bound, typical):
+        assert "| **total** |" in proj["markdown"] and "batch 32" in proj["markdown"]
+        assert {row["drafter"] for row in proj["rows"] if row["stage"] == "timed"} == {
+            "none", "dflash", "dels_markov", "dels_rnn", "domino_ft"}
+    assert set(p["goals"]) == {"table3_le_1_gpu_hour", "table3_le_1_gpu_hour_at_typical_answers"}
+    assert "DeLS Table 3 projected" in proc.stdout                            # the headline, both assumptions
