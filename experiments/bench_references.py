@@ -73,6 +73,10 @@ def first_gap(target, sample, ref: dict, other: dict) -> list[float]:
     return gaps
 
 
+def _x(v) -> str:
+    return "–" if v is None else f"{v:.2f}×"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "auto"])
@@ -154,7 +158,7 @@ def main(argv=None) -> int:
     for r in rows:
         ref = f"{r['differs_from_reference_file']} of {r['in_reference_file']}" if shipped is not None else "–"
         md.append(f"| {r['batch']} | {r['median_s']:.1f} s | {r['tokens_per_s']:.1f} | "
-                  f"{r['speedup']:.2f}× | {r.get('differing_samples', '–')} | {r.get('near_ties', '–')} | {ref} |")
+                  f"{_x(r['speedup'])} | {r.get('differing_samples', '–')} | {r.get('near_ties', '–')} | {ref} |")
     md += ["", f"Command: `{result['command']}`", ""]
     (out / "bench_references.md").write_text("\n".join(md))
     print("\n".join(md))

@@ -282,20 +282,37 @@ def answer_tokens_of(value, names: list[str], max_new_tokens: int, references: s
     return {n: float(max_new_tokens) for n in names}, f"eval.max_new_tokens={max_new_tokens} (an upper bound)"
 
 
-def _drafter_group(name: str, cfg):
-    """The `drafter=<name>` group as the command line would compose it beside this config's target, random
-    weights (a step's cost does not depend on them)."""
+def _drafter_group(name: str, cfg, random: bool = False):
+    """The `drafter=<name>` group as the command line would compose it beside this config's target; `random`: with
+    random weights of the group's default sizes (a step's cost depends on the sizes, not on the weights)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from ..paths import CONF_DIR
 
-    over = [f"drafter={name}", "drafter.init=random", f"fusion.alpha={cfg.fusion.alpha}",
-            f"fusion.beta={cfg.fusion.beta}"]
+    over = [f"drafter={name}", f"fusion.alpha={cfg.fusion.alpha}", f"fusion.beta={cfg.fusion.beta}",
+            *(["drafter.init=random"] if random else [])]
     if GlobalHydra.instance().is_initialized():          # inside a `python -m specexp` job
-        return compose("config", overrides=over).drafter
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=over).drafter
+        group = compose("config", overrides=over).drafter
+    else:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            group = compose("config", overrides=over).drafter
+    from .. import registry
+
+    return group if random else registry.fill_default_checkpoints(group, cfg.target.name)
+
+
+def build_for_cost(name: str, cfg, target):
+    """The drafter whose step costs a calibration measures: the target's own (its default checkpoint: the real sizes,
+    e.g. the released Qwen3-8B DFlash's 5 layers), else, where that cannot be loaded here (no checkpoint, no hub),
+    random weights of the config's default sizes, said in the log."""
+    from .. import log, registry
+
+    try:
+        return registry.build_drafter(_drafter_group(name, cfg), target)
+    except UserError as e:
+        log.LOG.info(f"plan: {name} with random weights of its default sizes ({e})")
+        return registry.build_drafter(_drafter_group(name, cfg, random=True), target)
 
 
 def run_plan(cfg, out_dir) -> dict:
@@ -324,7 +341,7 @@ def run_plan(cfg, out_dir) -> dict:
         if cal is None:
             device = resolve_device(cfg.device)
             target = registry.build_target(cfg.target, device)
-            built = {n: registry.build_drafter(_drafter_group(n, cfg), target) for n in drafters if n != "none"}
+            built = {n: build_for_cost(n, cfg, target) for n in drafters if n != "none"}
             log.LOG.info(f"plan: calibrating {target.name} and {', '.join(built) or 'no drafter'} on {device}")
             from datetime import datetime, timezone
 
