@@ -232,7 +232,8 @@ def resolve_engine(engine: str, device: torch.device) -> str:
     """`target.engine`; `auto` = the engine measured faster on this kind of device:
     - a CPU: `static` (preallocated KV cache, static_target.py). AR 1.06x HF greedy [1.02, 1.11] against 0.99x
       [0.97, 1.01] for HF eager (fp32, AVX2 EPYC); 1.05x [1.02, 1.09] against 0.98x, and DFlash 1.34x against 1.26x
-      (bf16, AVX512-BF16 EPYC): experiments/results/engine/README.md; docs/batched.md has the main job on each.
+      (bf16, AVX512-BF16 EPYC): experiments/results/engine/README.md; the main job at macro 1.19-1.20x against
+      1.11-1.12x with hf (three runs each, bf16, Xeon with AMX: docs/batched.md).
       `target.compile` stays off unless asked: a compiled step measured 1.00x (fp32) and 0.95x (bf16) the eager one.
     - CUDA: `static` with every step shape after the prefill captured as a CUDA graph (`StaticTarget.set_compile`
       with inductor only when `target.compile=true`), which removes the per-kernel launches that made HF eager's

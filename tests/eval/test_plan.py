@@ -95,3 +95,16 @@ def test_a_file_that_is_not_a_calibration_is_refused(tmp_path):
     bad.write_text("{")
     with pytest.raises(UserError, match="not a calibration file"):
         plan.read_calibration(bad)
+
+
+def test_passes_and_steps_grow_with_the_context_as_measured():
+    """A calibration measured at two contexts: a pass is a·L + b·L² through both points, a step linear in the
+    context between them (and beyond), never below half the shorter context's cost."""
+    cal = {**CAL, "context": 100, "context_long": 200, "prefill_ms": {"100": 10.0, "200": 24.0},
+           "ar_step_ms": {"1": 10.0, "8": 12.0}, "ar_step_ms_long": {"1": 14.0, "8": 20.0}}
+    assert plan.pass_ms(cal, "prefill", 100) == pytest.approx(10.0)
+    assert plan.pass_ms(cal, "prefill", 200) == pytest.approx(24.0)
+    assert plan.pass_ms(cal, "prefill", 400) == pytest.approx(0.08 * 400 + 0.0002 * 400 ** 2)     # a = .08, b = 2e-4
+    assert plan.pass_ms(cal, "teacher_forced", 50) == pytest.approx(0.02 * 50)     # one point: per token
+    assert plan.step_ms(cal, 8, 150) == pytest.approx(16.0) and plan.step_ms(cal, 1, 300) == pytest.approx(18.0)
+    assert plan.step_ms(cal, 8, 0) == pytest.approx(6.0)                            # the floor: half of 12

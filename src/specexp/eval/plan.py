@@ -63,22 +63,27 @@ def calibrate(target, drafters: dict, batches=(1, 4, 8, 16, 32), context: int = 
 
     dev = target.device
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(target.vocab_size, (1, context + anchors + 1), generator=g).to(dev)        # [1, C + N + 1]
+    long = 2 * context                                 # a second context: what a step's cost grows by per token
+    ids = torch.randint(target.vocab_size, (1, long + anchors + 1), generator=g).to(dev)           # [1, 2C + N + 1]
     rows = batch_engine(target)
-    ar = {}
+    ar: dict[int, dict[str, float]] = {context: {}, long: {}}
     for b in batches:
-        cache = rows.new_rows_cache(b, context + 2)
+        cache = rows.new_rows_cache(b, long + 2)
         newest = ids[0, :b] if b <= ids.shape[1] else ids[0, :1].expand(b)
-
-        def back(cache=cache, b=b):
-            cache.lengths = [context] * b
-        ar[str(b)] = _median_ms(lambda: rows.decode_rows(newest, cache, [True] * b), dev, reps, back)
+        for c in (context, long):
+            def back(cache=cache, b=b, c=c):
+                cache.lengths = [c] * b
+            ar[c][str(b)] = _median_ms(lambda: rows.decode_rows(newest, cache, [True] * b), dev, reps, back)
         del cache
-    prompt = ids[:, :context]
-    prefill = _median_ms(lambda: target.forward(prompt, 0, target.new_cache(context + 32), last_only=True), dev,
-                         reps)
     taps = sorted({t for d in drafters.values() for t in d.tap_layers})
-    tf = _median_ms(lambda: target.forward(prompt, 0, target.new_cache(context + 32), taps=taps), dev, reps)
+    prefill, tf = {}, {}
+    for c in (context, long):
+        prompt = ids[:, :c]
+        prefill[str(c)] = _median_ms(lambda: target.forward(prompt, 0, target.new_cache(c + 32), last_only=True),
+                                     dev, reps)
+        tf[str(c)] = _median_ms(lambda: target.forward(prompt, 0, target.new_cache(c + 32), taps=taps), dev, reps)
+    prompt = ids[:, :context]
+    write = _tap_write_ms(target, context, dev) if taps else 0.0
     cache = target.new_cache(context + 64)
     _, hidden = target.forward(prompt, 0, cache, taps=taps)
     ks = sorted({2, 4, 8, 16} | {d.max_drafts + 1 for d in drafters.values()})
@@ -116,9 +121,32 @@ def calibrate(target, drafters: dict, batches=(1, 4, 8, 16, 32), context: int = 
         "version": CALIBRATION_VERSION, "machine": describe(dev), "target": target.name,
         "dtype": str(target.dtype).removeprefix("torch."), "engine": type(target).__name__,
         "context": context, "reps": reps, "torch": torch.__version__,
-        "ar_step_ms": ar, "prefill_ms_per_token": prefill / context, "teacher_forced_ms_per_token": tf / context,
+        "ar_step_ms": ar[context], "ar_step_ms_long": ar[long], "context_long": long,
+        "prefill_ms": prefill, "teacher_forced_ms": tf, "tap_write_ms_per_token_layer": write,
+        "prefill_ms_per_token": prefill[str(context)] / context,
+        "teacher_forced_ms_per_token": tf[str(context)] / context,
         "verify_ms": verify, "drafters": out_drafters,
     }
+
+
+def _tap_write_ms(target, tokens: int, dev) -> float:
+    """ms to write one tap layer's hidden states of one token to a safetensors file (replay's tap cache)."""
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    x = torch.zeros(1, tokens, 4 * target.hidden_size, dtype=target.dtype)                  # 4 layers' taps
+    with tempfile.TemporaryDirectory() as d:
+        ms = _median_ms(lambda: save_file({"taps": x}, f"{d}/t.safetensors"), dev, 3)
+    return ms / tokens / 4
+
+
+def _curve(points: dict, length: float) -> float:
+    """ms of a pass over `length` tokens from two measured lengths, as a·L + b·L² (projections, attention)."""
+    (l1, t1), (l2, t2) = sorted((int(k), float(v)) for k, v in points.items())
+    b = (t2 - t1 * l2 / l1) / (l2 * l2 - l1 * l2)
+    a = (t1 - b * l1 * l1) / l1
+    return max(a * length + b * length * length, 0.0)
 
 
 def read_calibration(path) -> dict:
@@ -200,38 +228,62 @@ def project(cal: dict, work: list[Workload], drafters: list[str], tau: dict[str,
     check(not missing, f"the calibration ({cal.get('target')}, {cal.get('machine', {}).get('device')}) has no "
                        f"step costs for drafter {', '.join(missing)}; calibrate with it (task=plan without "
                        "plan.calibration)")
-    pre, tf = float(cal["prefill_ms_per_token"]), float(cal["teacher_forced_ms_per_token"])
     turns = sum(w.turns for w in work)
     rows_b = max(1, min(batch, turns))
-    step = _per_batch(cal["ar_step_ms"], rows_b) / rows_b                         # ms per answer token per row
-    ref_ms = sum(w.turns * (pre * w.prompt_tokens + max(w.answer_tokens - 1, 0) * step) for w in work)
+    ctx = {w.benchmark: w.prompt_tokens + w.answer_tokens / 2 for w in work}      # a turn's mean decoding context
+
+    def prefill(w):
+        return w.turns * pass_ms(cal, "prefill", w.prompt_tokens)
+
+    ref_ms = sum(prefill(w) + w.turns * max(w.answer_tokens - 1, 0) * step_ms(cal, rows_b, ctx[w.benchmark]) / rows_b
+                 for w in work)
     rows = [{"stage": "references", "drafter": "none", "seconds": ref_ms / 1000,
              "counts": f"{turns} turns, batch {rows_b}"}]
     seen_taps = set()
+    write = float(cal.get("tap_write_ms_per_token_layer", 0.0))
     for d in drafters:
         if d == "none":
             continue
         c = cal["drafters"][d]
         taps = tuple(c["taps"])
-        tf_ms = 0.0 if taps in seen_taps else sum(w.turns * tf * (w.prompt_tokens + w.answer_tokens) for w in work)
+        tf_ms = 0.0 if taps in seen_taps else sum(
+            w.turns * (pass_ms(cal, "teacher_forced", w.prompt_tokens + w.answer_tokens)
+                       + write * len(taps) * (w.prompt_tokens + w.answer_tokens)) for w in work)
         seen_taps.add(taps)
         rp = tf_ms + sum(w.turns * w.answer_tokens * float(c["replay_anchor_ms"]) for w in work)
         rows.append({"stage": "replay", "drafter": d, "seconds": rp / 1000,
                      "counts": "teacher-forced taps shared" if tf_ms == 0 else f"{turns} turns"})
-    ar1 = _per_batch(cal["ar_step_ms"], 1)
     timed_turns = sum(w.timed_turns for w in work)
     for d in drafters:
-        t_ms = sum(w.timed_turns * (pre * w.prompt_tokens + max(w.answer_tokens - 1, 0) * ar1) for w in work)
+        t_ms = sum(w.timed_turns / max(w.turns, 1) * prefill(w)
+                   + w.timed_turns * max(w.answer_tokens - 1, 0) * step_ms(cal, 1, ctx[w.benchmark]) for w in work)
         if d != "none":                        # the drafter's own run beside AR (the speedup's pair)
             c = cal["drafters"][d]
             k = min(int(c["max_drafts"]), max_drafts) if max_drafts is not None else int(c["max_drafts"])
-            verify = _per_batch(cal["verify_ms"], k + 1)
-            rnd = verify + float(c["propose_ms"])
-            t_ms += sum(w.timed_turns * (pre * w.prompt_tokens + max(w.answer_tokens - 1, 0) / tau[d] * rnd)
-                        for w in work)
+            rnd = _per_batch(cal["verify_ms"], k + 1) + float(c["propose_ms"])
+            t_ms += sum(w.timed_turns / max(w.turns, 1) * prefill(w)
+                        + w.timed_turns * max(w.answer_tokens - 1, 0) / tau[d] * rnd for w in work)
         rows.append({"stage": "timed", "drafter": d, "seconds": t_ms / 1000,
                      "counts": f"{timed_turns} turns at batch 1" + (f", τ {tau[d]:g}" if d != "none" else "")})
     return rows
+
+
+def pass_ms(cal: dict, kind: str, length: float) -> float:
+    """ms of one batch-1 pass (`kind`: prefill or teacher_forced) over `length` tokens: the curve through the two
+    measured lengths where the calibration has them, else its per-token cost times the length."""
+    if f"{kind}_ms" in cal:
+        return _curve(cal[f"{kind}_ms"], length)
+    return float(cal[f"{kind}_ms_per_token"]) * length
+
+
+def step_ms(cal: dict, b: int, context: float) -> float:
+    """ms of one AR step of `b` rows at `context` tokens: linear in the context through the two measured contexts
+    (a step reads every row's keys and values), never below half the shorter context's cost."""
+    s1 = _per_batch(cal["ar_step_ms"], b)
+    if "ar_step_ms_long" not in cal:
+        return s1
+    s2, c1, c2 = _per_batch(cal["ar_step_ms_long"], b), float(cal["context"]), float(cal["context_long"])
+    return max(s1 + (s2 - s1) * (context - c1) / (c2 - c1), 0.5 * s1)
 
 
 def table(rows: list[dict], cal: dict, assumptions: dict) -> str:

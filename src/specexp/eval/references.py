@@ -199,7 +199,11 @@ def compute_references(target, samples, dc: DecodeConfig, batch_size: int, on_do
             on_done(compute_reference(target, sample, dc))
         return
     rows = batch_engine(target)
-    generate_batched(rows, (SampleJob(target, s, dc) for s in samples), dc, batch_size,
+    # Shortest first prompt first: the rows of a step then hold contexts of similar lengths, and a step's attention,
+    # which reads every row's keys and values up to the longest row's length (the batch's window), reads little
+    # that a mask then drops (at 16 rows and windows of 1,024 that read was half of a CPU step).
+    by_length = sorted(samples, key=lambda s: len(turn_prompt(target, [{"role": "user", "content": s.turns[0]}])))
+    generate_batched(rows, (SampleJob(target, s, dc) for s in by_length), dc, batch_size,
                      lambda job: on_done(job.reference))
 
 

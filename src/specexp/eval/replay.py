@@ -259,9 +259,11 @@ def build_references(cfg, target, samples, dc: DecodeConfig, rp: ReplayConfig | 
     return store
 
 
-# `replay.batch_size=auto` on a CPU: the batch that built the mini target's references fastest there
-# (experiments/bench_references.py; see docs/batched.md). Elsewhere 1 until a device's own measurement says more.
-CPU_REFERENCE_BATCH = 16
+# `replay.batch_size=auto` on a CPU: the batch that built the mini target's references fastest there: the 380-prompt
+# eval split at 128 tokens in float32 (2 threads, Xeon with AVX-512 and AMX, one run each) took 1,830 s at batch 1,
+# 413 s at 16 and 335 s at 32 (5.5x), every reference equal to batch 1's (docs/batched.md). Elsewhere 1 until a
+# device's own measurement says more.
+CPU_REFERENCE_BATCH = 32
 
 
 def reference_batch(value, target) -> int:
