@@ -8,9 +8,10 @@ order rotated), so a change of machine load falls on all of them.
 
 Printed and written (`--out`): per batch size the median wall time over repeats, tokens per second, the speed-up
 over batch 1, and how many turns differ from batch 1's tokens; for each differing turn the top-2 logit gap of the
-batch-1 target at the first differing position (a near-tie below `--near-tie` is the rounding of B rows against
-one, not an error). `--reference-file` also compares every batch's tokens with a shipped reference set (replay.export)
-made at batch 1. The machine: CPU model and flags, threads, the load before and after, library versions.
+batch-1 target at the first differing position (a near-tie by the evaluator's rule, metrics.tie_tolerance, is the
+rounding of B rows against one, not an error). `--reference-file` also compares every batch's tokens with a
+shipped reference set (replay.export) made at batch 1. The machine: CPU model and flags, threads, the load before
+and after, library versions.
 
     python experiments/bench_references.py --dtype float32 --samples 50 --batches 1,16 --repeats 1 \
         --reference-file experiments/results/replay_mini/references-smollm2_135m-128tok-50.json.gz \
@@ -55,9 +56,10 @@ def interleaved(samples):
 
 
 @torch.inference_mode()
-def first_gap(target, sample, ref: dict, other: dict) -> list[float]:
-    """For each turn where `other` leaves `ref`, the top-2 logit gap of `target` (batch 1, one teacher-forced pass
-    over the prompt and the common prefix) at the first differing position."""
+def first_gap(target, sample, ref: dict, other: dict, near_tie: float) -> list[tuple[float, float]]:
+    """Where `other` first leaves `ref` (the first differing turn), the top-2 logit gap of `target` (batch 1, one
+    teacher-forced pass over the prompt and the common prefix) and the evaluator's near-tie tolerance there
+    (metrics.tie_tolerance: `near_tie`, or 2 units in the last place of the dtype at the best logit)."""
     gaps = []
     for turn, prompt, tokens in turns_with_prompts(target, sample, ref):
         mine = other["turns"][turn]["tokens"]
@@ -68,7 +70,9 @@ def first_gap(target, sample, ref: dict, other: dict) -> list[float]:
             j = min(len(tokens), len(mine))
         ids = torch.tensor([prompt + tokens[:j]], device=target.device)
         logits, _ = target.forward(ids, 0, target.new_cache(), last_only=True)            # [1, 1, V]
-        gaps.append(float(metrics.top2_gap(logits[0, -1:].float())[0]))
+        row = logits[0, -1]                                                                 # [V]
+        gaps.append((float(metrics.top2_gap(row[None].float())[0]),
+                     metrics.tie_tolerance(row, target.dtype, near_tie)))
         break                                              # later turns follow a different answer
     return gaps
 
@@ -129,8 +133,8 @@ def main(argv=None) -> int:
                "turns": sum(len(r["turns"]) for r in refs.values())}
         if base is not None and b != 1:
             diff = [k for k in refs if refs[k]["turns"] != base[k]["turns"]]
-            gaps = [g for k in diff for g in first_gap(target, by_key[k], base[k], refs[k])]
-            row.update(differing_samples=len(diff), near_ties=sum(g < args.near_tie for g in gaps),
+            gaps = [g for k in diff for g in first_gap(target, by_key[k], base[k], refs[k], args.near_tie)]
+            row.update(differing_samples=len(diff), near_ties=sum(metrics.is_near_tie(g, t) for g, t in gaps),
                        gaps=sorted(gaps))
         if shipped is not None:
             row["differs_from_reference_file"] = sum(refs[k]["turns"] != shipped[k]["turns"] for k in refs
