@@ -74,6 +74,13 @@ def step_rows(t: int) -> int:
     return 1 << (t - 1).bit_length() if t <= 8 else -(-t // 8) * 8
 
 
+def _widened(kv: torch.Tensor, size: int, keep: int) -> torch.Tensor:
+    """`kv [L, B, Hkv, S, D]` in new zeroed buffers of `size` positions, its first `keep` positions copied."""
+    new = kv.new_zeros((*kv.shape[:3], size, kv.shape[4]))
+    new[:, :, :, :keep] = kv[:, :, :, :keep]
+    return new
+
+
 def window(n: int) -> int:
     """The capacity of a fixed-shape cache holding `n` positions: a power of two, at least `MIN_WINDOW`."""
     return max(MIN_WINDOW, 1 << (max(n, 1) - 1).bit_length())
@@ -194,9 +201,12 @@ class StaticTarget(Target):
         return cache
 
     def _buffers(self, size: int) -> StaticKV:
-        shape = (self.num_layers, 1, self.kv_heads, size, self.head_dim)
-        dev, dt = self.device, self.dtype
-        return StaticKV(torch.zeros(shape, dtype=dt, device=dev), torch.zeros(shape, dtype=dt, device=dev))
+        return StaticKV(*self._zeros(1, size))
+
+    def _zeros(self, rows: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zeroed key and value buffers `[L, rows, Hkv, size, D]`."""
+        shape = (self.num_layers, rows, self.kv_heads, size, self.head_dim)
+        return tuple(torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2))
 
     def _grow(self, cache: StaticKV, end: int) -> None:
         """Reallocate the buffers for at least `end` positions (doubling; a hint too small costs one copy)."""
@@ -206,19 +216,12 @@ class StaticTarget(Target):
         if self.compiled:
             size = min(window(size), self.max_context)
         cache.pooled = False                          # graphs captured on the old buffers no longer apply
-        for name in ("k", "v"):
-            old = getattr(cache, name)
-            new = old.new_zeros((*old.shape[:3], size, old.shape[4]))
-            new[:, :, :, :cache.length] = old[:, :, :, :cache.length]
-            setattr(cache, name, new)
+        cache.k, cache.v = _widened(cache.k, size, cache.length), _widened(cache.v, size, cache.length)
 
     def new_rows_cache(self, rows: int, capacity: int) -> RowsKV:
         """Buffers for `rows` sequences of up to `capacity` positions each (batched generation)."""
         check(rows >= 1, f"a batch of {rows} rows: at least 1")
-        size = min(capacity, self.max_context)
-        shape = (self.num_layers, rows, self.kv_heads, size, self.head_dim)
-        dev, dt = self.device, self.dtype
-        return RowsKV(torch.zeros(shape, dtype=dt, device=dev), torch.zeros(shape, dtype=dt, device=dev), [0] * rows)
+        return RowsKV(*self._zeros(rows, min(capacity, self.max_context)), [0] * rows)
 
     def grow_rows(self, cache: RowsKV, end: int) -> None:
         """Reallocate a batch's buffers for at least `end` positions a row (doubling), keeping every row."""
@@ -227,11 +230,7 @@ class StaticTarget(Target):
         if end <= cache.capacity:
             return
         size, keep = min(max(end, 2 * cache.capacity), self.max_context), max(cache.lengths)
-        for name in ("k", "v"):
-            old = getattr(cache, name)
-            new = old.new_zeros((*old.shape[:3], size, old.shape[4]))
-            new[:, :, :, :keep] = old[:, :, :, :keep]
-            setattr(cache, name, new)
+        cache.k, cache.v = _widened(cache.k, size, keep), _widened(cache.v, size, keep)
 
     @torch.inference_mode()
     def decode_rows(self, ids: torch.Tensor, cache: RowsKV, live: Sequence[bool]) -> torch.Tensor:

@@ -81,14 +81,13 @@ def generate_batched(target, jobs: Iterable[Job], dc: DecodeConfig, batch_size: 
     steps = 0
     while any(r is not None for r in rows):
         logits = target.decode_rows(newest, cache, [r is not None for r in rows])             # [B, V]
-        tokens = logits.argmax(-1)                                                            # [B]
-        steps += 1
-        for b, (row, t) in enumerate(zip(rows, tokens.tolist())):
+        newest = logits.argmax(-1)                    # [B] the next step's input; a refilled row's first token
+        steps += 1                                    # is written over its entry by `start`
+        for b, (row, t) in enumerate(zip(rows, newest.tolist())):
             if row is None:
                 continue
             job, gen = row
             gen.tokens.append(t)
-            newest[b] = t
             if t in stops or len(gen.tokens) >= budget:
                 finish(gen)
                 if not start(b, job, gen):

@@ -306,10 +306,6 @@ def _hms(s: float) -> str:
     return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.2f} h"
 
 
-def workload_dicts(work: list[Workload]) -> list[dict]:
-    return [asdict(w) for w in work]
-
-
 # ------------------------------------------------------------------------------------------------ the task
 def answer_tokens_of(value, names: list[str], max_new_tokens: int, references: str | None) -> tuple[dict, str]:
     """Answer tokens per turn for each benchmark, and where the figure came from (module docstring)."""
@@ -420,7 +416,7 @@ def run_plan(cfg, out_dir) -> dict:
                              f"{sum(len(v) for v in timed.values())} (eval.timed_samples={ev.timed_samples})",
         }
         md = table(rows, cal, assumptions)
-        result = {"calibration": cal, "workload": workload_dicts(work), "rows": rows, "assumptions": assumptions,
+        result = {"calibration": cal, "workload": [asdict(w) for w in work], "rows": rows, "assumptions": assumptions,
                   "total_seconds": sum(r["seconds"] for r in rows)}
         write_json(d / "plan.json", result)
         write_text_atomic(d / "plan.md", md)
