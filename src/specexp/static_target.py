@@ -234,44 +234,63 @@ class StaticTarget(Target):
 
     @torch.inference_mode()
     def decode_rows(self, ids: torch.Tensor, cache: RowsKV, live: Sequence[bool]) -> torch.Tensor:
-        """One greedy step of every row: `ids [B]` (each row's newest token) at position `lengths[b]`, written to
-        the row's cache at that slot; returns the logits `[B, V]`. Row b attends to its own columns `0 ..
-        lengths[b]` only (a mask over the batch's window of `max(lengths) + 1` columns; a masked score is -inf,
-        its weight exactly 0). A row that is not `live` (its sequence ended, none left to refill it) runs
-        along on its last token and keeps its length; its logits are to be ignored. The rows of a step share
-        every matrix product, which is the point: on a memory-bound device a step of B rows costs about what
-        one row costs."""
-        check(not self.lean, f"target {self.name} was loaded without its decoder layers; it cannot run a forward")
-        b, dev = ids.shape[0], ids.device
-        lengths = torch.tensor(cache.lengths, device=dev)                                       # [B]
-        end = max(cache.lengths) + 1
-        if end > cache.capacity:
-            self.grow_rows(cache, end)
-        rows = torch.arange(b, device=dev)
-        mask = (torch.arange(end, device=dev)[None] <= lengths[:, None])[:, None, None]         # [B, 1, 1, W]
-        body = self.model.model
-        x = body.embed_tokens(ids[:, None])                                                     # [B, 1, H]
-        cos, sin = body.rotary_emb(x, lengths[:, None])
-        d = self.head_dim
-        for i, layer in enumerate(body.layers):
-            attn, h = layer.self_attn, layer.input_layernorm(x)
-            q = attn.q_proj(h).view(b, 1, -1, d)                                                # [B, 1, Hq, D]
-            k = attn.k_proj(h).view(b, 1, -1, d)                                                # [B, 1, Hkv, D]
-            if hasattr(attn, "q_norm"):
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = self._rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)                  # [B, H, 1, D]
-            cache.k[i, rows, :, lengths] = k[:, :, 0]                                           # [B, Hkv, D]
-            cache.v[i, rows, :, lengths] = attn.v_proj(h).view(b, -1, d)
-            # The G query heads of a key-value head as G rows (query head h reads kv head h // G): one attention
-            # without enable_gqa, which on a CPU copies K and V out G times per layer (2 of 3 ms a layer at B=16).
-            q = q.reshape(b, self.kv_heads, -1, d)                                              # [B, Hkv, G, D]
-            out = F.scaled_dot_product_attention(q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], attn_mask=mask,
-                                                 scale=self.scaling)                            # [B, Hkv, G, D]
-            x = x + attn.o_proj(out.reshape(b, 1, -1))                                          # [B, 1, H]
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        """One greedy step of every row: `ids [B]` (each row's newest token) at position `lengths[b]`; returns the
+        logits `[B, V]`. A row that is not `live` (its sequence ended, none left to refill it) runs along on its
+        last token and keeps its length; its logits are to be ignored. The rows of a step share every matrix
+        product, which is the point: on a memory-bound device a step of B rows costs about what one row costs."""
+        logits, _ = self.forward_rows(ids[:, None], cache)                                      # [B, 1, V]
         for r, alive in enumerate(live):
             cache.lengths[r] += bool(alive)
-        return self.model.lm_head(body.norm(x))[:, 0]                                           # [B, V]
+        return logits[:, 0]
+
+    @torch.inference_mode()
+    def forward_rows(self, ids: torch.Tensor, cache: RowsKV, taps: Sequence[int] = ()):
+        """A block of T tokens for every row: `ids [B, T]`, row b's at positions `lengths[b] .. lengths[b]+T-1`,
+        written to the row's cache there. Row b's token j attends to its row's columns `0 .. lengths[b]+j` only (a
+        mask over the batch's window of `max(lengths) + T` columns; a masked score is -inf, its weight exactly 0).
+        Returns logits `[B, T, V]` and the taps `[B, T, n*H]` (None without taps). The lengths are the caller's
+        to move: a decode step keeps all T = 1, a verified block keeps the anchor and its accepted drafts (the rest
+        is rolled back by not counting it, and overwritten by the row's next block)."""
+        check(not self.lean, f"target {self.name} was loaded without its decoder layers; it cannot run a forward")
+        (b, t), dev, d = ids.shape, ids.device, self.head_dim
+        end = max(cache.lengths) + t
+        if end > cache.capacity:
+            self.grow_rows(cache, end)
+        slots = torch.tensor(cache.lengths, device=dev)[:, None] + torch.arange(t, device=dev)   # [B, T]
+        rows = torch.arange(b, device=dev)[:, None]                                             # [B, 1]
+        mask = torch.arange(end, device=dev)[None, None] <= slots[:, :, None]                   # [B, T, W]
+        body = self.model.model
+        x = body.embed_tokens(ids)                                                              # [B, T, H]
+        cos, sin = body.rotary_emb(x, slots)
+        g = None
+        wanted, hidden = set(taps), {}
+        for i, layer in enumerate(body.layers):
+            attn, h = layer.self_attn, layer.input_layernorm(x)
+            q = attn.q_proj(h).view(b, t, -1, d)                                                # [B, T, Hq, D]
+            k = attn.k_proj(h).view(b, t, -1, d)                                                # [B, T, Hkv, D]
+            if hasattr(attn, "q_norm"):
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = self._rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)                  # [B, H, T, D]
+            cache.k[i, rows, :, slots] = k.transpose(1, 2)                                      # [B, T, Hkv, D]
+            cache.v[i, rows, :, slots] = attn.v_proj(h).view(b, t, -1, d)
+            if g is None:
+                g = q.shape[1] // self.kv_heads
+                m = mask[:, None].expand(b, g, t, end).reshape(b, 1, g * t, end)               # [B, 1, G*T, W]
+            # The G query heads of a key-value head as G*T rows (query head h reads kv head h // G): one attention
+            # without enable_gqa, which on a CPU copies K and V out G times per layer (2 of 3 ms a layer at B=16).
+            q = q.reshape(b, self.kv_heads, g * t, d)                                           # [B, Hkv, G*T, D]
+            out = F.scaled_dot_product_attention(q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], attn_mask=m,
+                                                 scale=self.scaling)                            # [B, Hkv, G*T, D]
+            out = out.view(b, self.kv_heads * g, t, d).transpose(1, 2).reshape(b, t, -1)        # [B, T, Hq*D]
+            x = x + attn.o_proj(out)                                                            # [B, T, H]
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if i in wanted:
+                hidden[i] = x
+        x = body.norm(x)
+        if len(body.layers) - 1 in wanted:            # HF's last hidden state is the normed one
+            hidden[len(body.layers) - 1] = x
+        logits = self.model.lm_head(x)                                                          # [B, T, V]
+        return logits, (torch.cat([hidden[i] for i in taps], dim=-1) if taps else None)        # [B, T, n*H]
 
     @staticmethod
     def rollback(cache: StaticKV, k: int) -> None:

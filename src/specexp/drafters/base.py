@@ -16,6 +16,13 @@ Draft trees: a drafter with `proposes_trees = True` may return `Proposal(tokens 
 (decoding/tree.py); `k` then bounds the tree's depth, not N, and the engine calls `commit(n, taps, path=path)`
 with `path [n]` the accepted drafts' indices root to leaf (taps are those of [anchor, path tokens]).
 
+Batched speculation (decoding/batch_spec.py) runs one `fork(drafter)` per row: the same weights, a state of its own,
+each driven through the life above. A drafter may also have
+  prepare_rows(rows, anchors, starts)   rows: the forks about to propose, each at its own anchor and position; one
+                                   batched pass for all of them, which each fork's next `propose` there reads instead
+                                   of running its own (the DFlash block pass, shared by DeLS-Spec and Domino-FT).
+                                   Without it every row proposes alone.
+
 Optional, for drafters whose drafts at an anchor depend only on the tokens and taps before it (greedy replay of a
 known sequence, eval/replay.py, uses it when present and the loop above otherwise):
   propose_all(taps, ids, starts, ks)   ids [T]: a known sequence; taps [1, T-1, n*H] of its positions 0..T-2;
@@ -28,6 +35,7 @@ known sequence, eval/replay.py, uses it when present and the loop above otherwis
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -100,3 +108,13 @@ def choose(logits: torch.Tensor, sampling: Sampling | None) -> Proposal:
 def sequence_at(ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """`ids[pos]` of a known sequence `[T]` at positions `[n]`, -2 past its end (no token: never a draft's match)."""
     return torch.where(pos < len(ids), ids[pos.clamp(max=len(ids) - 1)], -2)
+
+
+def fork(drafter):
+    """A drafter with the same weights and a state of its own, reset (batched speculation: one per row). A drafter on
+    a backbone gets a fork of the backbone too, which keeps its context."""
+    twin = copy.copy(drafter)
+    if isinstance(drafter, OnBackbone):
+        twin.backbone = fork(drafter.backbone)
+    twin.reset()
+    return twin

@@ -412,6 +412,19 @@ def load_model(path: str | os.PathLike, where: str, raw: dict | None = None) -> 
 
 
 # ----------------------------------------------------------------------------------------- the drafter
+class RowsBlock:
+    """The block hidden states of B rows from one pass (`DFlashDrafter.prepare_rows`) and, on first demand, the
+    logits of every row's draft rows in one vocabulary product."""
+
+    def __init__(self, hidden: torch.Tensor, lm_head, first_row: int, k: int):
+        self.hidden, self.lm_head, self.rows, self._logits = hidden, lm_head, slice(first_row, first_row + k), None
+
+    def logits(self) -> torch.Tensor:
+        if self._logits is None:
+            self._logits = self.lm_head(self.hidden[:, self.rows])                          # [n, K, V]
+        return self._logits
+
+
 class DFlashDrafter:
     """Engine adapter: keeps per-layer context K/V of every committed position before the anchor."""
 
@@ -434,6 +447,7 @@ class DFlashDrafter:
     def reset(self) -> None:
         self.ctx: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.ctx_len = 0
+        self.prepared: tuple | None = None        # (start, anchor, RowsBlock, row) from prepare_rows, read once
 
     @torch.inference_mode()
     def _append(self, taps: torch.Tensor) -> None:
@@ -454,6 +468,11 @@ class DFlashDrafter:
         """Hidden `[1, B, H]` of the block at positions start..start+B-1 and logits `[k, V]` of the k draft rows
         (rows 1..k, unshifted; rows 0..k-1, shifted: `first_row`)."""
         assert start == self.ctx_len, "context must be exactly the positions before the anchor"
+        prepared, self.prepared = self.prepared, None
+        if prepared is not None and prepared[:2] == (start, anchor):      # this row's share of a batched pass
+            shared, i = prepared[2:]
+            hidden = shared.hidden[i: i + 1]                                                # [1, B, H]
+            return hidden, (shared.logits()[i, :k] if k else self.lm_head(hidden[0, :0]))    # [k, V]
         dev = self.model.fc.weight.device
         ids = torch.full((1, self.block_size), self.mask_token_id, device=dev)
         ids[0, 0] = anchor                                                                  # [1, B]
@@ -464,6 +483,29 @@ class DFlashDrafter:
 
     def propose(self, anchor: int, start: int, k: int, sampling: Sampling | None) -> Proposal:
         return choose(self.block_logits(anchor, start, k)[1], sampling)
+
+    @staticmethod
+    @torch.inference_mode()
+    def prepare_rows(rows: list["DFlashDrafter"], anchors: list[int], starts: list[int]) -> None:
+        """The block passes of B rows (forks, drafters/base.py) in one: row i's `[anchor, MASK x (B-1)]` at
+        `starts[i]`, over its own context (the contexts padded to the longest, the padding masked out); each row's
+        next `block_logits` at that anchor reads its share, the draft rows' logits of all rows in one product."""
+        d, n = rows[0], len(rows)
+        dev = d.model.fc.weight.device
+        lens = torch.tensor([r.ctx_len for r in rows], device=dev)                          # [n]
+        c = max(r.ctx_len for r in rows)
+        pad = lambda x: F.pad(x, (0, 0, 0, c - x.shape[2]))                                # noqa: E731 [1, Hkv, C, D]
+        kv = [(torch.cat([pad(r.ctx[i][0]) for r in rows]), torch.cat([pad(r.ctx[i][1]) for r in rows]))
+              for i in range(len(d.model.layers))]                                         # [n, Hkv, C, D] each
+        ids = torch.full((n, d.block_size), d.mask_token_id, device=dev)
+        ids[:, 0] = torch.tensor(anchors, device=dev)                                       # [n, B]
+        pos = torch.tensor(starts, device=dev)[:, None] + torch.arange(d.block_size, device=dev)   # [n, B]
+        sees = torch.arange(c, device=dev)[None] < lens[:, None]                            # [n, C]
+        q = d.block_size
+        mask = torch.cat([sees[:, None].expand(n, q, c), sees.new_ones(n, q, q)], -1)[:, None]   # [n, 1, B, C+B]
+        shared = RowsBlock(d.model(d.embed(ids), pos, kv, mask), d.lm_head, d.first_row, d.max_drafts)
+        for i, (r, a, s) in enumerate(zip(rows, anchors, starts)):
+            r.prepared = (s, a, shared, i)
 
     # --- many anchors of a known sequence at once (greedy replay: drafters/base.py, propose_all)
     @torch.inference_mode()

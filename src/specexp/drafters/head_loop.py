@@ -140,6 +140,14 @@ class SequentialDrafter(OnBackbone):
     def advance(self, state, token: torch.Tensor):
         raise NotImplementedError
 
+    @staticmethod
+    def prepare_rows(rows: list["SequentialDrafter"], anchors: list[int], starts: list[int]) -> None:
+        """Batched speculation (drafters/base.py): the backbone's block passes of every row in one; the head loop then
+        runs row by row on each row's share."""
+        backbone = rows[0].backbone
+        if hasattr(backbone, "prepare_rows"):
+            backbone.prepare_rows([r.backbone for r in rows], anchors, starts)
+
     # --- the backbone keeps the context (OnBackbone); the loop state lives only within a block
     def _weights(self, i: int) -> tuple[float, float]:
         return (0.0, 0.0) if i == 0 else (self.alpha[i - 1], self.beta[i - 1])
