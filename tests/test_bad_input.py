@@ -232,7 +232,12 @@ CASES = [
     case("cpu_threads_abc", [*SMALL, "cpu_threads=abc"], "cpu_threads='abc' is not valid; expected an int >= 1"),
     case("cpu_threads_0", [*SMALL, "cpu_threads=0"], "cpu_threads=0 is not valid; expected an int >= 1"),
     case("max_drafts_0", [*SMALL, "eval.max_drafts=0"],
-         "eval.max_drafts=0 is not valid; expected an int >= 1, null (the drafter's own number of drafts) or auto"),
+         "eval.max_drafts=0 is not valid; expected an int >= 1, null (the drafter's own number of drafts), auto, or a "
+         "mapping {batch size: int >= 1 or null}"),
+    case("max_drafts_table_0", [*SMALL, "eval.max_drafts={0: 3}"],
+         "eval.max_drafts={0: 3} is not valid; expected an int >= 1, null (the drafter's own number of drafts), auto, "
+         "or a mapping {batch size: int >= 1 or null}"),
+    case("batch_size_0", [*SMALL, "eval.batch_size=0"], "eval.batch_size=0 is not valid; expected an int >= 1"),
     case("warmup_neg", [*SMALL, "eval.warmup=-3"], "eval.warmup=-3 is not valid; expected an int >= 0"),
     case("shuffle_seed_abc", [*SMALL, "eval.shuffle_seed=abc"],
          "eval.shuffle_seed='abc' is not valid; expected an int"),

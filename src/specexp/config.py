@@ -197,14 +197,22 @@ class DecodingConfig(Settings):
                             f"protocols A/B need T>0 (use decoding=greedy, decoding=sample_a or decoding=sample_b)")
 
 
+def _by_batch(v) -> bool:
+    """eval.max_drafts as a table by batch size: {B: cap}, the cap of the largest B at or below the run's batch."""
+    return isinstance(v, dict) and len(v) > 0 and all(is_int(1, MAX_BATCH)(k) and null_or(is_int(1, MAX_BLOCK))(x)
+                                                      for k, x in v.items())
+
+
 @frozen
 class EvalConfig(Settings):
     KEY = "eval"
     num_samples: Any = setting(2, _num_samples, "an int >= 1, null (all), 'paper' or a mapping {benchmark: int >= 1} "
                                                 f"of benchmark.names; {upto(MAX_COUNT)}")
     max_new_tokens: int = setting(64, *_ints(1, MAX_TOKENS))
-    max_drafts: Any = setting(None, lambda v: v == "auto" or null_or(is_int(1, MAX_BLOCK))(v),
-                              f"an int >= 1, null (the drafter's own number of drafts) or auto; {upto(MAX_BLOCK)}")
+    max_drafts: Any = setting(None, lambda v: v == "auto" or null_or(is_int(1, MAX_BLOCK))(v) or _by_batch(v),
+                              "an int >= 1, null (the drafter's own number of drafts), auto, or a mapping {batch size: "
+                              f"int >= 1 or null}} (e.g. '{{1: null, 8: 3, 32: 1}}'); {upto(MAX_BLOCK)}")
+    batch_size: int = setting(1, *_ints(1, MAX_BATCH))      # sequences decoded side by side (decoding/batch_spec.py)
     shuffle_seed: int = setting(0, is_int(), "an int")
     split: str = choice("eval", "tune")
     tune_samples: Any = setting(0, _tune_samples, "an int >= 0 or a mapping {benchmark: int >= 0} of "
@@ -375,6 +383,7 @@ class CompareConfig(Settings):
     KEY = "compare"
     a: str | None = None
     b: str | None = None
+    allow_batch_mismatch: bool = False          # pair runs decoded at different eval.batch_size anyway
 
 
 def _plan_map(v, rule) -> bool:

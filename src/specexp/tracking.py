@@ -284,6 +284,8 @@ class WandbLogger(NoLogger):
             for k, n in enumerate(b.get("tau_histogram") or []):
                 hist[k + 1] += n
         self.run.summary.update({f"eval/macro/{k}": v for k, v in summary["macro"].items()})
+        if "batch_size" in summary:                 # online runs: the batch their speedups are throughputs at
+            self.run.summary["eval/batch_size"] = summary["batch_size"]
         # K of this run (its block size - 1, or its draft cap): acceptance panels read positions 1..K of each run
         self.run.summary["eval/num_draft_tokens"] = summary.get("num_draft_tokens")
         rates = [b.get("accept_rate_per_position") or [] for b in summary["benchmarks"].values()]

@@ -5,7 +5,9 @@ have, and reports per benchmark τ_A, τ_B, Δτ = τ_A − τ_B with a paired-b
 where A / B has the higher τ; when both are online runs (task=eval), also each one's speedup over its own AR
 baseline and Δspeedup with its paired CI (metrics.paired_speedup). Pairing is only meaningful on the same outputs:
 turns whose output text hashes differ (another target, budget or prompt set; an online near-tie) are counted and
-reported, not hidden.
+reported, not hidden. Online runs decoded at different `eval.batch_size` are refused unless
+`compare.allow_batch_mismatch=true`: their speedups are throughputs at different batches (replay's τ is the same at
+every batch, so a replay pairs with any).
 """
 from __future__ import annotations
 
@@ -25,6 +27,23 @@ def load_records(run_dir) -> list[dict]:
     """A run's per-turn records: `samples.jsonl`, or `samples.jsonl.gz` in an archived copy of a run directory,
     read by the store's one reader (a torn last line dropped, any other bad line refused, fields checked)."""
     return run_records(run_dir)
+
+
+def run_batch(run_dir) -> int | None:
+    """The batch an online run decoded at (its summary's `batch_size`; 1 before the key existed), None for a replay
+    run or a run without a summary."""
+    s = Path(run_dir) / "summary.json"
+    if not s.is_file():
+        return None
+    d = read_json(s)
+    return d.get("batch_size", 1) if d.get("mode", "online") == "online" else None
+
+
+def check_batches(a, b, allow: bool) -> None:
+    ba, bb = run_batch(a), run_batch(b)
+    check(allow or ba is None or bb is None or ba == bb,
+          f"compare: {a} was decoded at eval.batch_size={ba} and {b} at {bb}; their speedups are throughputs at "
+          f"different batches. Compare runs of one batch, or set compare.allow_batch_mismatch=true to pair them anyway")
 
 
 def _label(run_dir) -> str:
@@ -85,6 +104,7 @@ def compare_runs(a, b) -> dict:
 def run_compare(cfg, out_dir) -> dict:
     c = cfg.compare
     check(bool(c.a) and bool(c.b), "task=compare needs compare.a=DIR and compare.b=DIR (run directories)")
+    check_batches(c.a, c.b, bool(c.get("allow_batch_mismatch", False)))
     result = compare_runs(c.a, c.b)
     md = compare_markdown(result)
     with claimed_for(out_dir, "compare") as d:       # never into another run's directory, nor while one runs there

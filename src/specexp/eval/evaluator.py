@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from .. import benchmarks, log, registry
 from ..config import BenchmarkConfig, DecodingConfig, EvalConfig
+from ..decoding.batch_spec import speculate_batched
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round, generate
 from ..errors import check
 from ..files import write_json, write_text_atomic
@@ -39,6 +40,7 @@ from ..machine import resolve_device
 from ..report.tables import summary_markdown
 from ..tracking import make_logger, run_info
 from . import metrics, shards
+from .references import SampleJob, batch_engine
 from .replay import build_references, default_replay, replay_sample
 from .store import ResultStore
 from .summary import decode_config, run_settings, summarize
@@ -90,7 +92,6 @@ def run_sample(target, drafter, sample, dc: DecodeConfig, ev: EvalConfig, seed: 
     the run times every prompt, else whether this one is in the timed subset (eval/shards.py); outside it AR runs
     only for the lossless check."""
     k = drafts_per_round(drafter, dc)
-    compare = ev.check_lossless is True or (ev.check_lossless == "auto" and dc.protocol == "greedy")
     messages, recs = [], []
     for turn, user in enumerate(sample.turns):
         messages.append({"role": "user", "content": user})
@@ -100,18 +101,82 @@ def run_sample(target, drafter, sample, dc: DecodeConfig, ev: EvalConfig, seed: 
         g.manual_seed(turn_seed(seed, sample.id, turn))
         spec = generate(target, drafter, ids, dc, g)
         ar = None
-        if drafter is not None and ev.run_ar and (timed is not False or compare):
+        if wants_ar(drafter, dc, ev, timed):
             g.manual_seed(turn_seed(seed, sample.id, turn))
             ar = generate(target, None, ids, dc, g)
-        lossless = (spec.tokens == ar.tokens) if (ar is not None and compare) else None
-        text = target.decode(spec.tokens)
-        rec = _record(sample, turn, len(ids), spec, ar, text, lossless, ev.save_text, round_metrics,
-                      dc.protocol == "greedy", timed)
-        if lossless is False:
-            rec.update(mismatch(target, ids, spec.tokens, ar.tokens, ev.near_tie))
+        rec = turn_record(target, sample, turn, ids, spec, ar, dc, ev, round_metrics, timed)
         recs.append(rec)
-        messages.append({"role": "assistant", "content": text})
+        messages.append({"role": "assistant", "content": rec.get("text", target.decode(spec.tokens))})
     return recs
+
+
+def wants_ar(drafter, dc: DecodeConfig, ev: EvalConfig, timed: bool | None) -> bool:
+    """Whether a turn also runs AR: for its speedup (timed), or for the lossless check."""
+    return drafter is not None and ev.run_ar and (timed is not False or compares(dc, ev))
+
+
+def compares(dc: DecodeConfig, ev: EvalConfig) -> bool:
+    return ev.check_lossless is True or (ev.check_lossless == "auto" and dc.protocol == "greedy")
+
+
+def turn_record(target, sample, turn: int, ids: list[int], spec: Generation, ar: Generation | None,
+                dc: DecodeConfig, ev: EvalConfig, round_metrics, timed: bool | None) -> dict:
+    """One turn's record from its drafter and AR generations, the lossless check and a mismatch's diagnosis."""
+    lossless = (spec.tokens == ar.tokens) if (ar is not None and compares(dc, ev)) else None
+    rec = _record(sample, turn, len(ids), spec, ar, target.decode(spec.tokens), lossless, ev.save_text,
+                  round_metrics, dc.protocol == "greedy", timed)
+    if lossless is False:
+        rec.update(mismatch(target, ids, spec.tokens, ar.tokens, ev.near_tie))
+    return rec
+
+
+class TurnsJob(SampleJob):
+    """A sample's turns for batched decoding (decoding/batch_spec.py's job protocol), as `run_sample` decodes them:
+    each next user turn follows the decoded previous answer, and each turn samples from its own stream seeded by
+    `turn_seed`. With `prompts` (AR's run) it hands out those prompts instead: AR decodes the drafter run's turns, as
+    at batch 1. Keeps every turn's prompt and generation."""
+
+    def __init__(self, target, sample, dc: DecodeConfig, seed: int, k: int, prompts: list | None = None):
+        super().__init__(target, sample, dc)
+        self.seed, self.k, self.given = seed, k, prompts
+        self.prompts: list[list[int]] = []
+        self.gens: list[Generation] = []
+        self.generator = torch.Generator(device=target.device)
+
+    def next_prompt(self, previous: Generation | None) -> list[int] | None:
+        if self.given is None:
+            ids = super().next_prompt(previous)
+        if previous is not None:
+            self.gens.append(previous)
+        if self.given is not None:
+            ids = self.given[len(self.gens)] if len(self.gens) < len(self.given) else None
+        if ids is not None:
+            turn = len(self.gens)
+            check_fits(self.target, self.sample.id, turn, len(ids), self.dc, self.k)
+            self.prompts.append(ids)
+            self.generator.manual_seed(turn_seed(self.seed, self.sample.id, turn))
+        return ids
+
+
+def run_batch(target, drafter, samples, dc: DecodeConfig, ev: EvalConfig, seed: int, round_metrics=None,
+              timed: list[bool | None] | None = None) -> list[list[dict]]:
+    """`run_sample` for several samples at `eval.batch_size` rows: the drafter's run of all of them, then AR's run of
+    the turns that want it (their speedup or the lossless check), each through the batched engine; per-row TPOT
+    is the row's own wall time per token while it shared the rounds with the others, so a speedup is a ratio of
+    throughputs at that batch. Returns each sample's records."""
+    rows, k = batch_engine(target), drafts_per_round(drafter, dc)
+    timed = timed or [None] * len(samples)
+    jobs = [TurnsJob(rows, s, dc, seed, k) for s in samples]
+    speculate_batched(rows, drafter, jobs, dc, ev.batch_size, lambda job: None)
+    ar = {i: TurnsJob(rows, s, dc, seed, 0, prompts=jobs[i].prompts) for i, s in enumerate(samples)
+          if wants_ar(drafter, dc, ev, timed[i])}
+    speculate_batched(rows, None, list(ar.values()), dc, ev.batch_size, lambda job: None)
+    out = []
+    for i, (sample, job) in enumerate(zip(samples, jobs)):
+        ar_gens = ar[i].gens if i in ar else [None] * len(job.gens)
+        out.append([turn_record(target, sample, turn, ids, spec, a, dc, ev, round_metrics, timed[i])
+                    for turn, (ids, spec, a) in enumerate(zip(job.prompts, job.gens, ar_gens))])
+    return out
 
 
 def mismatch(target, prompt: list[int], spec: list[int], ar: list[int], near_tie: float) -> dict:
@@ -132,15 +197,32 @@ def mismatch(target, prompt: list[int], spec: list[int], ar: list[int], near_tie
             "lossless_near_tie": metrics.is_near_tie(gap, tol)}
 
 
-def warmup(target, drafter, dc: DecodeConfig, n: int) -> None:
-    """A few short generations first, so lazy initialisation and (on GPU) kernel selection are not timed."""
+def warmup(target, drafter, dc: DecodeConfig, n: int, batch_size: int = 1) -> None:
+    """A few short generations first, so lazy initialisation and (on GPU) kernel selection are not timed; at batch
+    B > 1 as many rows of the same prompt through the batched engine."""
     ids = target.encode_chat([{"role": "user", "content": "Count from one to ten."}])
     short = replace(dc, max_new_tokens=min(dc.max_new_tokens, 24))       # the timed runs' protocol and cap
     g = torch.Generator(device=target.device).manual_seed(0)
     for _ in range(n):
+        if batch_size > 1:
+            rows = batch_engine(target)
+            for d in (drafter, None) if drafter is not None else (None,):
+                speculate_batched(rows, d, [Once(ids) for _ in range(batch_size)], short, batch_size, lambda j: None, g)
+            continue
         generate(target, drafter, ids, short, g)
         if drafter is not None:
             generate(target, None, ids, short, g)
+
+
+class Once:
+    """A one-turn job of a given prompt (warmup)."""
+
+    def __init__(self, ids: list[int]):
+        self.ids = ids
+
+    def next_prompt(self, previous):
+        ids, self.ids = self.ids, None
+        return ids
 
 
 def run_eval(cfg, out_dir: Path) -> dict:
@@ -182,26 +264,41 @@ def run_eval(cfg, out_dir: Path) -> dict:
         if untimed and dec.protocol == "greedy":        # τ of the untimed prompts by replay, references batched
             refs = build_references(cfg, target, untimed, dc, rp)
         if todo and ev.warmup:
-            warmup(target, drafter, dc, ev.warmup)
-        bar = tqdm(todo, desc=f"eval {cfg.drafter.name} on {target.name}", unit="sample",
+            warmup(target, drafter, dc, ev.warmup, ev.batch_size)
+        bar = tqdm(total=len(todo), desc=f"eval {cfg.drafter.name} on {target.name}", unit="sample",
                    disable=not ev.progress, dynamic_ncols=True)
-        for sample in bar:
-            timed = None if timed_keys is None else (sample.benchmark, sample.id) in timed_keys
-            if timed is False and refs is not None:
-                recs = [{**r, "timed": False, "replayed": True} for r in
-                        replay_sample(target, drafter, sample, refs, dc, rp, ev.save_text, round_metrics)]
-            else:
-                recs = run_sample(target, drafter, sample, dc, ev, cfg.seed, round_metrics, timed)
+
+        def done(sample, recs: list[dict]) -> None:
             store.append(recs)
             taus = [r["tau"] for r in recs if r["tau"] is not None]
+            bar.update()
             bar.set_postfix(bench=sample.benchmark, tau=f"{metrics.fmean(taus):.2f}" if taus else "–")
             logger.log({f"sample/{sample.benchmark}/tau": metrics.fmean(taus) if taus else None,
                         "sample/new_tokens": sum(r["new_tokens"] for r in recs)}, step=len(store.records))
 
+        group: list = []             # eval.batch_size > 1: samples decoded online, a group of 2 B rows at a time
+        for i, sample in enumerate(todo):
+            timed = None if timed_keys is None else (sample.benchmark, sample.id) in timed_keys
+            if timed is False and refs is not None:
+                done(sample, [{**r, "timed": False, "replayed": True} for r in
+                              replay_sample(target, drafter, sample, refs, dc, rp, ev.save_text, round_metrics)])
+            elif ev.batch_size == 1:
+                done(sample, run_sample(target, drafter, sample, dc, ev, cfg.seed, round_metrics, timed))
+            else:
+                group.append((sample, timed))
+            if group and (len(group) == 2 * ev.batch_size or i == len(todo) - 1):
+                got = run_batch(target, drafter, [s for s, _ in group], dc, ev, cfg.seed, round_metrics,
+                                [t for _, t in group])
+                for (s, _), recs in zip(group, got):
+                    done(s, recs)
+                group = []
+        bar.close()
+
         wanted = {(s.benchmark, s.id) for s in samples}
         summary = summarize([r for r in store.records if (r["benchmark"], r["id"]) in wanted],
                             list(cfg.benchmark.names), target, drafter, dc, round_metrics,
-                            timed=None if subset is None else {"samples": ev.timed_samples, "seed": cfg.seed})
+                            timed=None if subset is None else {"samples": ev.timed_samples, "seed": cfg.seed},
+                            batch_size=ev.batch_size)
         md = summary_markdown(summary)
         write_json(out_dir / "summary.json", summary)
         write_text_atomic(out_dir / "summary.md", md)

@@ -220,6 +220,8 @@ def run_merge(cfg, out_dir) -> dict:
         header = {k: first.summary[k] for k in SUMMARY_HEADER}
         if all("target_dtype" in r.summary for r in runs):         # one dtype: run.json's settings are the same
             header["target_dtype"] = first.summary["target_dtype"]
+        if "batch_size" in first.summary:                           # shards of one run: one batch (run.json's eval)
+            header["batch_size"] = first.summary["batch_size"]
         if "timed" in first.summary:                                # a timed subset: its ids come from the records
             header["timed"] = {k: v for k, v in first.summary["timed"].items() if k != "ids"}
         machines = [r.summary["machine"] for r in runs if "machine" in r.summary]

@@ -25,13 +25,18 @@ from .store import content_digest
 CPU_BF16_MAX_DRAFTS = 3
 
 
-def max_drafts(value, device, dtype) -> int | None:
+def max_drafts(value, device, dtype, batch: int = 1) -> int | None:
     """`eval.max_drafts` as the engine's cap (None: the drafter's own K). `auto`: on a CPU with the target in bf16,
     at most `CPU_BF16_MAX_DRAFTS`, since there a verify of k+1 rows grows with k (a matrix product against a 1-row
     step's matrix-vector product) while the later drafts are rarely accepted; elsewhere the drafter's own K (on a
-    GPU a verify of 16 rows costs about one step; in fp32 on a CPU no cap was measurably faster). The output is the
-    target's whatever the cap; τ and a round's cost change. It caps every drafter (a tree's depth, for EAGLE-3's
-    trees), though it was chosen on DFlash chains alone."""
+    GPU a verify of 16 rows costs about one step; in fp32 on a CPU no cap was measurably faster). A mapping {B: cap}
+    is a table by batch size (`eval.batch_size`): the entry of the largest B at or below the run's batch, none below
+    it meaning the drafter's own K; at batch B a verify is B (k+1) rows, so the cap that pays shrinks as B grows
+    (experiments/bench_batch.py measures it). The output is the target's whatever the cap; τ and a round's cost
+    change. It caps every drafter (a tree's depth, for EAGLE-3's trees), though `auto` was chosen on DFlash chains."""
+    if isinstance(value, dict):
+        at = [b for b in value if b <= batch]
+        return value[max(at)] if at else None
     if value != "auto":
         return value
     return CPU_BF16_MAX_DRAFTS if torch.device(device).type == "cpu" and dtype == torch.bfloat16 else None
@@ -40,27 +45,31 @@ def max_drafts(value, device, dtype) -> int | None:
 def decode_config(decoding: DecodingConfig, ev: EvalConfig, target) -> DecodeConfig:
     """The engine's settings from the validated `decoding` and `eval` groups (config.py checked their values)."""
     return DecodeConfig(decoding.protocol, float(decoding.temperature), ev.max_new_tokens,
-                        tuple(target.stop_token_ids), max_drafts(ev.max_drafts, target.device, target.dtype))
+                        tuple(target.stop_token_ids),
+                        max_drafts(ev.max_drafts, target.device, target.dtype, ev.batch_size))
 
 
 def summarize(records: list[dict], names: list[str], target, drafter, dc: DecodeConfig, round_metrics=None,
-              mode: str = "online", timed: dict | None = None) -> dict:
+              mode: str = "online", timed: dict | None = None, batch_size: int | None = None) -> dict:
     """summary.json. `mode`: "online" (decoded by the engine) or "replay" (eval/replay.py: no timing fields,
     near-tie counts instead). τ comes with its 95% bootstrap CI over prompts, per benchmark and macro; the speedup
     too, over the timed prompts. `timed`: {"samples": eval.timed_samples, "seed": seed} of a run that times a subset
-    (eval/shards.py), None when it times every prompt."""
+    (eval/shards.py), None when it times every prompt. `batch_size`: the rows an online run decoded side by side
+    (eval.batch_size; its speedups are throughput ratios at that batch); replay's τ is the same at every batch."""
     header = {
         "target": target.name, "drafter": drafter.name if drafter is not None else "none", "mode": mode,
         "decoding": {"temperature": dc.temperature, "protocol": dc.protocol},
         "max_new_tokens": dc.max_new_tokens, "num_draft_tokens": drafts_per_round(drafter, dc),
         "target_dtype": str(target.dtype).removeprefix("torch."), "machine": describe(target.device),
         **({"timed": timed} if timed is not None else {}),
+        **({"batch_size": batch_size} if batch_size is not None else {}),
     }
     return summarize_records(records, names, header, round_metrics)
 
 
 SUMMARY_HEADER = ("target", "drafter", "mode", "decoding", "max_new_tokens", "num_draft_tokens")
 MACHINE_HEADER = ("target_dtype", "machine")    # where it ran; absent from summaries made before they were recorded
+BATCH_HEADER = ("batch_size",)                   # online runs: the rows decoded side by side (absent before: 1)
 
 
 def summarize_records(records: list[dict], names: list[str], header: dict, round_metrics=None) -> dict:
@@ -87,18 +96,21 @@ def summarize_records(records: list[dict], names: list[str], header: dict, round
     if mode == "replay":
         for key in metrics.TIMING_KEYS:
             macro.pop(key, None)
-    head = {key: header[key] for key in (*SUMMARY_HEADER, *MACHINE_HEADER) if key in header}
+    head = {key: header[key] for key in (*SUMMARY_HEADER, *MACHINE_HEADER, *BATCH_HEADER)
+            if key in header}
     if mode != "replay" and header.get("timed") is not None:
         head["timed"] = {**header["timed"], "ids": {n: metrics.timed_ids(rs) for n, rs in by_bench.items()}}
     return {**head, "benchmarks": benches, "macro": macro}
 
 
 def capped(ev: EvalConfig, target_cfg, device) -> dict:
-    """`eval.max_drafts` for a run's settings, `auto` as what it resolves to on `device` with the target group's
-    dtype: absent when it is the drafter's own K, so that the directories of runs made before the key existed
-    still resume, and a run made with `auto` resumes under the number it meant."""
-    cap = max_drafts(ev.max_drafts, device, resolve_dtype(target_cfg.dtype, device))
-    return {"max_drafts": cap} if cap is not None else {}
+    """`eval.max_drafts` for a run's settings, `auto` (or a table) as what it resolves to on `device` with the target
+    group's dtype at `eval.batch_size`, and the batch size when not 1: each absent when it is the default, so that the
+    directories of runs made before the key existed still resume, and a run made with `auto` resumes under the number
+    it meant."""
+    cap = max_drafts(ev.max_drafts, device, resolve_dtype(target_cfg.dtype, device), ev.batch_size)
+    batch = {"batch_size": ev.batch_size} if ev.batch_size != 1 else {}      # batch 1: as before the key existed
+    return ({"max_drafts": cap} if cap is not None else {}) | batch
 
 
 def run_settings(cfg, device) -> dict:

@@ -38,6 +38,9 @@ def summary_markdown(summary: dict) -> str:
     timed = summary.get("timed")
     subset = (f"; speedup, TPOT and TTFT over a seeded subset of the prompts (eval.timed_samples={timed['samples']}, "
               f"seed {timed['seed']}), τ over all") if timed else ""
+    b = summary.get("batch_size", 1)
+    subset += (f"; {b} sequences decoded side by side (eval.batch_size), so TPOT is a row's wall time per token "
+               f"and the speedup a ratio of throughputs at that batch") if b > 1 else ""
     head = (f"**{summary['drafter']}** on **{summary['target']}**, {d['protocol']} decoding at T={d['temperature']}"
             f" (τ includes the bonus token; 95% CI: bootstrap over prompts; speedup = mean AR TPOT / mean TPOT, "
             f"same engine, same prompts{subset})\n\n")
