@@ -77,7 +77,8 @@ def test_max_drafts_by_batch():
 
 
 def test_a_table_caps_the_engine_at_the_run_batch(cfg_factory, tmp_path):
-    cfg = cfg_factory(*RUN, "eval.num_samples=1", "benchmark.names=[gsm8k]", "eval.batch_size=2", "eval.max_drafts={1: 3, 2: 1}")
+    cfg = cfg_factory(*RUN, "eval.num_samples=1", "benchmark.names=[gsm8k]", "eval.batch_size=2",
+                      "eval.max_drafts={1: 3, 2: 1}")
     evaluator.run_eval(cfg, tmp_path)
     recs = _records(tmp_path)
     assert max(d for r in recs.values() for d in r["drafted"]) == 1
