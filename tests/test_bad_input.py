@@ -257,8 +257,8 @@ CASES = [
     case("top_level_typo", [*SMALL, "evall.num_samples=3"],
          "unknown key 'evall.num_samples'; valid keys at the top level (config groups and keys): benchmark, "
          "cpu_threads"),
-    case("nested_typo", [*SMALL, "eval.nums=3"], "unknown key 'eval.nums'; valid keys under 'eval': check_lossless"),
-    case("added_key", [*SMALL, "+eval.nums=3"], "unknown key 'eval.nums'; valid keys under 'eval': check_lossless"),
+    case("nested_typo", [*SMALL, "eval.nums=3"], "unknown key 'eval.nums'; valid keys under 'eval': batch_size, check_lossless"),
+    case("added_key", [*SMALL, "+eval.nums=3"], "unknown key 'eval.nums'; valid keys under 'eval': batch_size, check_lossless"),
     case("experiment_adds_key", ["experiment=mini_dels_rnn", *SMALL, "drafter=dflash", "task=eval"],
          "unknown key 'drafter.head' (set by experiment=mini_dels_rnn); valid keys under 'drafter': block_size"),
     case("sweep_file_adds_key", ["--config-dir", "BAD/sweeps", "--config-name", "bad_sweep", *SMALL],
