@@ -1,5 +1,7 @@
 """scripts/gpu_check.py --dry-run end to end (what a CPU can run of the first-GPU-contact check): every part runs in
-its own process and passes, and the one JSON report has the structure a person with a GPU will send back."""
+its own process and passes, and the one JSON report has the structure a person with a GPU will send back. Also the
+batched oracle of part batch_spec on the tiny target, in process."""
+import copy
 import json
 import subprocess
 import sys
@@ -7,8 +9,9 @@ import sys
 import pytest
 from conftest import ROOT
 
-PARTS = ["qwen3_8b_shape", "static_graph", "batched_ar", "plan_calibration", "oracle_decode", "kernel_parity",
-         "drafters_lossless", "protocol_b_graph", "head_loop_graph", "fusion_tiles_compile", "train_smoke"]   # by value
+PARTS = ["qwen3_8b_shape", "static_graph", "batched_ar", "batch_spec", "plan_calibration", "oracle_decode",
+         "kernel_parity", "drafters_lossless", "protocol_b_graph", "head_loop_graph", "fusion_tiles_compile",
+         "train_smoke"]   # by value
 
 
 @pytest.mark.slow
@@ -98,3 +101,76 @@ def test_dry_run_of_batched_ar_and_plan_calibration(tmp_path):
             "none", "dflash", "dels_markov", "dels_rnn", "domino_ft"}
     assert set(p["goals"]) == {"table3_le_1_gpu_hour", "table3_le_1_gpu_hour_at_typical_answers"}
     assert "DeLS Table 3 projected" in proc.stdout                            # the headline, both assumptions
+
+
+def test_rows_oracle_forces_every_row_through_the_batched_engine(tiny_target, static, cfg_factory, monkeypatch,
+                                                                 one_thread):
+    """gpu_check's OracleDrafter forks per row (its copy holds a fork of the inner drafter), the engine's one batched
+    block pass reaches the inner forks, and RowsOracle forces each row's own AR continuation at a fractional mean
+    acceptance (2.5: 2, 3, 2, 3, ...): every row's tokens equal AR's, every round accepts exactly what was forced."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_check as gc
+
+    from specexp import registry
+    from specexp.decoding.batch_spec import speculate_batched
+    from specexp.decoding.engine import DecodeConfig
+    from specexp.drafters.dflash import DFlashDrafter
+
+    drafter = registry.build_drafter(cfg_factory("drafter=dflash", "drafter.init=random",
+                                                 "drafter.block_size=8").drafter, tiny_target)
+    prompts = gc._random_prompts(5, 3, 12, 7)
+    dc = DecodeConfig(max_new_tokens=20)
+    ar = [gc._PromptJob(i, p) for i, p in enumerate(prompts)]
+    speculate_batched(static, None, ar, dc, 3, lambda j: None)
+    oracle = gc.RowsOracle(drafter, {tuple(j.prompt): j.tokens for j in ar}, 2.5, static.vocab_size, static.device)
+    assert [oracle.forced(r) for r in range(4)] == [2, 3, 2, 3]
+    twin = copy.copy(oracle)
+    assert twin.inner is not drafter and twin.inner.model is drafter.model and twin.refs is oracle.refs
+
+    prepared, passes = [], []
+    real = DFlashDrafter.prepare_rows
+    monkeypatch.setattr(DFlashDrafter, "prepare_rows", staticmethod(
+        lambda rows, anchors, starts: (prepared.append(len(rows)), real(rows, anchors, starts))))
+    hook = drafter.model.register_forward_hook(lambda *a: passes.append(1))
+    try:
+        jobs = [gc._PromptJob(i, p) for i, p in enumerate(prompts)]
+        rounds = speculate_batched(static, oracle, jobs, dc, 3, lambda j: None)
+    finally:
+        hook.remove()
+    assert prepared and max(prepared) == 3 and len(passes) == len(prepared)    # one block pass a round, all rows
+    assert drafter.ctx is None                                                # only the forks held contexts
+    for job, want in zip(jobs, ar):
+        assert job.tokens == want.tokens
+        g = job.gen
+        assert g.accept_lengths == [min(oracle.forced(r), k) + 1 if k else 1 for r, k in enumerate(g.drafted)]
+        assert max(g.accept_lengths) == 4
+    assert rounds < sum(len(j.gen.accept_lengths) for j in jobs)
+
+
+@pytest.mark.slow
+def test_dry_run_of_batch_spec(tmp_path):
+    """The part alone (~10-20 s on two cores): AR and the oracle at τ = 6.5 and 3 on B = 1, 2, 4 rows, every row equal
+    to AR's and exactly forced, τ as forced within the 12-token budget, the crossover of each τ in the headline."""
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run", "--out", str(out),
+                           "--sections", "batch_spec", "--work-dir", str(tmp_path / "work")],
+                          capture_output=True, text=True, timeout=900)
+    r = json.loads(out.read_text())
+    p = r["parts"]["batch_spec"]
+    assert proc.returncode == 0 and p["status"] == "passed", proc.stdout[-2000:] + str(p["error"])
+    assert p["checks"] and all(v is True for v in p["checks"].values()), p["checks"]
+    f = p["figures"]
+    assert set(f["batches"]) == {"1", "2", "4"} and not f["not_run"]
+    assert f["top2_gap"]["min"] > 0.5 and f["top2_gap"]["argmax_is_next_id"] == 1.0
+    for b, row in f["batches"].items():
+        assert row["ar"]["tau"] == 1.0 and row["ar"]["tokens"] == 12 * int(b) and row["ar"]["tokens_per_s"] > 0
+        # 12 tokens: a prefill token, then 6 + 5 (τ 6.5: 5 then 6 forced, the budget cuts the second to 4 drafts)
+        # or 3 + 3 + 3 + 2 (τ 3)
+        for tau, want in ((6.5, 5.5), (3.0, 2.75)):
+            run = row[f"tau={tau}"]
+            assert run["tau"] == want and run["rows_differing_from_ar"] == 0 and run["rows_off_forced_acceptance"] == 0
+            assert run["speedup"] > 0 and run["decode_speedup"] > 0
+    for tau in ("tau=6.5", "tau=3.0"):
+        c = f["crossover"][tau]
+        assert set(c) == {"decode", "end_to_end", "speedup_by_batch"} and set(c["speedup_by_batch"]) == {"1", "2", "4"}
+    assert proc.stdout.count("gpu_check:   batch_spec τ = ") == 2
