@@ -421,7 +421,8 @@ class RowsBlock:
 
     def logits(self) -> torch.Tensor:
         if self._logits is None:
-            self._logits = self.lm_head(self.hidden[:, self.rows])                          # [n, K, V]
+            # contiguous: a strided bf16 input misses the packed oneDNN product (kernels/cpu_linear.py), ~50x slower
+            self._logits = self.lm_head(self.hidden[:, self.rows].contiguous())             # [n, K, V]
         return self._logits
 
 
