@@ -238,6 +238,8 @@ CASES = [
          "eval.max_drafts={0: 3} is not valid; expected an int >= 1, null (the drafter's own number of drafts), auto, "
          "or a mapping {batch size: int >= 1 or null}"),
     case("batch_size_0", [*SMALL, "eval.batch_size=0"], "eval.batch_size=0 is not valid; expected an int >= 1"),
+    case("tree_at_batch", [*SMALL, "drafter=eagle3", "drafter.mode=tree", "eval.batch_size=4"],
+         "eval.batch_size=4 with drafter.mode=tree (eagle3): draft trees run at batch 1 only"),
     case("warmup_neg", [*SMALL, "eval.warmup=-3"], "eval.warmup=-3 is not valid; expected an int >= 0"),
     case("shuffle_seed_abc", [*SMALL, "eval.shuffle_seed=abc"],
          "eval.shuffle_seed='abc' is not valid; expected an int"),
@@ -257,8 +259,10 @@ CASES = [
     case("top_level_typo", [*SMALL, "evall.num_samples=3"],
          "unknown key 'evall.num_samples'; valid keys at the top level (config groups and keys): benchmark, "
          "cpu_threads"),
-    case("nested_typo", [*SMALL, "eval.nums=3"], "unknown key 'eval.nums'; valid keys under 'eval': batch_size, check_lossless"),
-    case("added_key", [*SMALL, "+eval.nums=3"], "unknown key 'eval.nums'; valid keys under 'eval': batch_size, check_lossless"),
+    case("nested_typo", [*SMALL, "eval.nums=3"],
+         "unknown key 'eval.nums'; valid keys under 'eval': batch_size, check_lossless"),
+    case("added_key", [*SMALL, "+eval.nums=3"],
+         "unknown key 'eval.nums'; valid keys under 'eval': batch_size, check_lossless"),
     case("experiment_adds_key", ["experiment=mini_dels_rnn", *SMALL, "drafter=dflash", "task=eval"],
          "unknown key 'drafter.head' (set by experiment=mini_dels_rnn); valid keys under 'drafter': block_size"),
     case("sweep_file_adds_key", ["--config-dir", "BAD/sweeps", "--config-name", "bad_sweep", *SMALL],

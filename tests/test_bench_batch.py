@@ -128,3 +128,14 @@ def test_smoke_run_on_the_tiny_target(tmp_path):
     md = (tmp_path / "table.md").read_text()
     assert "\n| 1 | 3 |" in md and "\n| 2 | 3 |" in md
     assert "dflash × AR" in md and "Crossover" in md and "0 in all" in md
+
+
+def test_batch_caps_picks_the_best_cap_per_batch_and_writes_the_table():
+    import batch_caps
+
+    per_cap = {1: {"1": 1.05, "4": 1.10, "16": 0.95}, 3: {"1": 1.30, "4": 1.02, "16": 0.80},
+               7: {"1": 1.10, "4": 0.90, "16": 0.60}}
+    chosen = batch_caps.choose(per_cap)
+    assert {b: c["cap"] for b, c in chosen.items()} == {"1": 3, "4": 1, "16": 1}
+    assert [c["pays"] for c in chosen.values()] == [True, True, False]
+    assert batch_caps.table_value(chosen) == "{1: 3, 4: 1}"

@@ -131,8 +131,8 @@ def speculate_batched(target, drafter, jobs: Iterable[Job], dc: DecodeConfig, ba
         ks = [min(k_max, budget - len(r.gen.tokens) - 1) if r is not None else 0 for r in rows]
         drafting = [b for b in live if ks[b] > 0]
         if drafting and hasattr(drafter, "prepare_rows"):          # one batched pass for every row's proposal
-            drafter.prepare_rows([rows[b].drafter for b in drafting],
-                                 [rows[b].token for b in drafting], [rows[b].start for b in drafting])
+            drafter.prepare_rows([rows[b].drafter for b in drafting], [rows[b].token for b in drafting],
+                                 [rows[b].start for b in drafting], [ks[b] for b in drafting], dc.protocol != "B")
         props = [None] * batch_size
         for b in drafting:
             r = rows[b]

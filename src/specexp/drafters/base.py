@@ -18,10 +18,12 @@ with `path [n]` the accepted drafts' indices root to leaf (taps are those of [an
 
 Batched speculation (decoding/batch_spec.py) runs one `fork(drafter)` per row: the same weights, a state of its own,
 each driven through the life above. A drafter may also have
-  prepare_rows(rows, anchors, starts)   rows: the forks about to propose, each at its own anchor and position; one
-                                   batched pass for all of them, which each fork's next `propose` there reads instead
-                                   of running its own (the DFlash block pass, shared by DeLS-Spec and Domino-FT).
-                                   Without it every row proposes alone.
+  prepare_rows(rows, anchors, starts, ks, argmax)
+                                   rows: the forks about to propose, each at its own anchor and position, k drafts;
+                                   argmax: whether the drafts will be argmax (greedy, protocol A; protocol B samples).
+                                   One batched pass for all rows, which each fork's next `propose` there reads instead
+                                   of running its own (the DFlash block pass; DeLS-Spec's and Domino-FT's backbone and,
+                                   for argmax drafts, their head loop). Without it every row proposes alone.
 
 Optional, for drafters whose drafts at an anchor depend only on the tokens and taps before it (greedy replay of a
 known sequence, eval/replay.py, uses it when present and the loop above otherwise):

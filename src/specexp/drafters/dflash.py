@@ -487,10 +487,12 @@ class DFlashDrafter:
 
     @staticmethod
     @torch.inference_mode()
-    def prepare_rows(rows: list["DFlashDrafter"], anchors: list[int], starts: list[int]) -> None:
+    def prepare_rows(rows: list["DFlashDrafter"], anchors: list[int], starts: list[int], ks: list[int] | None = None,
+                     argmax: bool = True) -> None:
         """The block passes of B rows (forks, drafters/base.py) in one: row i's `[anchor, MASK x (B-1)]` at
         `starts[i]`, over its own context (the contexts padded to the longest, the padding masked out); each row's
-        next `block_logits` at that anchor reads its share, the draft rows' logits of all rows in one product."""
+        next `block_logits` at that anchor reads its share, the draft rows' logits of all rows in one product. `ks`,
+        `argmax`: the base protocol's (drafters/base.py), unused: every row's block is the same whatever they are."""
         d, n = rows[0], len(rows)
         dev = d.model.fc.weight.device
         lens = torch.tensor([r.ctx_len for r in rows], device=dev)                          # [n]

@@ -140,13 +140,46 @@ class SequentialDrafter(OnBackbone):
     def advance(self, state, token: torch.Tensor):
         raise NotImplementedError
 
+    prepared_drafts: tuple | None = None      # (start, anchor, drafts [K]) from prepare_rows, read once by propose
+
+    def reset(self) -> None:
+        super().reset()
+        self.prepared_drafts = None
+
     @staticmethod
-    def prepare_rows(rows: list["SequentialDrafter"], anchors: list[int], starts: list[int]) -> None:
-        """Batched speculation (drafters/base.py): the backbone's block passes of every row in one; the head loop then
-        runs row by row on each row's share."""
-        backbone = rows[0].backbone
-        if hasattr(backbone, "prepare_rows"):
-            backbone.prepare_rows([r.backbone for r in rows], anchors, starts)
+    @torch.inference_mode()
+    def prepare_rows(rows: list["SequentialDrafter"], anchors: list[int], starts: list[int], ks: list[int],
+                     argmax: bool) -> None:
+        """Batched speculation (drafters/base.py): the backbone's block passes of every row in one, then, for argmax
+        drafts (greedy, protocol A), the head loop over all rows' blocks at once: one fusion a draft position for B
+        rows (as `propose_all` runs it, without the teacher forcing: each row's state follows its own drafts). A row
+        with k < K keeps its first k drafts (a draft depends only on those before it). Protocol B samples each row
+        from its own stream: the loop then runs row by row in `propose`."""
+        me, backbone = rows[0], rows[0].backbone
+        if not hasattr(backbone, "prepare_rows"):
+            return
+        backbone.prepare_rows([r.backbone for r in rows], anchors, starts, ks, argmax)
+        if not argmax:
+            return
+        dev, k_max = me.w_out.device, max(ks)
+        hidden = rows[0].backbone.prepared[2].hidden                                        # [n, B, H]
+        hid = hidden[:, me.first_row: me.first_row + k_max].transpose(0, 1)                 # [K, n, H]
+        x = {"hidden": hid, "anchor": torch.tensor(anchors, device=dev)}
+        out = torch.empty(len(rows), k_max, dtype=torch.long, device=dev)                  # [n, K]
+        state = d = None
+        for i in range(k_max):
+            if i == 1:
+                state = me.begin(x, d)
+            elif i > 1:
+                state = me.advance(state, d)
+            z = me.zero_z if i == 0 else me.feature(x, state, i)                            # [r] | [n, r]
+            a, b = me._weights(i)
+            long = backbone.lm_head(hid[i].contiguous())                                    # [n, V]
+            d = fuse_torch(long, z, me.w_fuse, a, b, me.log_prior)[0]                       # [n]
+            out[:, i] = d
+        for r, s, a, drafts in zip(rows, starts, anchors, out):
+            r.backbone.prepared = None                                  # the drafts are made: no block left to read
+            r.prepared_drafts = (s, a, drafts)
 
     # --- the backbone keeps the context (OnBackbone); the loop state lives only within a block
     def _weights(self, i: int) -> tuple[float, float]:
@@ -186,6 +219,9 @@ class SequentialDrafter(OnBackbone):
             out_probs[0].copy_(p)
 
     def propose(self, anchor: int, start: int, k: int, sampling: Sampling | None) -> Proposal:
+        prepared, self.prepared_drafts = self.prepared_drafts, None
+        if prepared is not None and sampling is None and prepared[:2] == (start, anchor):    # this row's share
+            return Proposal(prepared[2][:k])
         x = self.block_inputs(anchor, start, k)
         long = x["long"]                                                                    # [k, V]
         temperature = sampling.temperature if sampling is not None else 0.0
