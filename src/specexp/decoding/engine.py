@@ -1,8 +1,9 @@
 """One speculative-decoding loop for every drafter; the autoregressive baseline is the same loop with no
 drafter (K = 0 drafts, every step commits exactly the target's own next token).
 
-Batch size 1, as in the reference runtimes. The target's KV cache holds every committed token except the
-newest (the anchor), which is fed at the start of the next verified block.
+Batch size 1, as in the reference runtimes (B rows at once: decoding/batch_spec.py, the same rules row by row). The
+target's KV cache holds every committed token except the newest (the anchor), which is fed at the start of the next
+verified block.
 """
 from __future__ import annotations
 
