@@ -224,13 +224,15 @@ class StaticTarget(Target):
         return RowsKV(*self._zeros(rows, min(capacity, self.max_context)), [0] * rows)
 
     def grow_rows(self, cache: RowsKV, end: int) -> None:
-        """Reallocate a batch's buffers for at least `end` positions a row (doubling), keeping every row."""
+        """Reallocate a batch's buffers for at least `end` positions a row (doubling), keeping every row whole."""
         check(end <= self.max_context, f"target {self.name}: {end} positions exceed its context of "
                                        f"{self.max_context}")
         if end <= cache.capacity:
             return
-        size, keep = min(max(end, 2 * cache.capacity), self.max_context), max(cache.lengths)
-        cache.k, cache.v = _widened(cache.k, size, keep), _widened(cache.v, size, keep)
+        # Every position is kept, not only each row's counted ones: batched speculation grows the cache while a row's
+        # verified block is written but not yet counted (its accepted part is counted after the growth).
+        size = min(max(end, 2 * cache.capacity), self.max_context)
+        cache.k, cache.v = _widened(cache.k, size, cache.capacity), _widened(cache.v, size, cache.capacity)
 
     @torch.inference_mode()
     def decode_rows(self, ids: torch.Tensor, cache: RowsKV, live: Sequence[bool]) -> torch.Tensor:

@@ -81,6 +81,10 @@ def _samples():
     qs = ["What is 2+3?", "Write a haiku about rivers, then explain it.", "Count to five.", "Hi",
           "Name three prime numbers and say why each one of them is prime."]
     out = [Sample(f"s{i}", "gsm8k", [q]) for i, q in enumerate(qs)]
+    # A long prompt taken by a refilled row: the batch's cache grows while other rows hold a verified block whose
+    # accepted part they have not counted yet (a growth that kept only the counted positions lost it).
+    out.insert(1, Sample("long", "gsm8k", ["Count these words: " + "river stone " * 30]))
+    out.insert(4, Sample("longer", "gsm8k", ["Count these words: " + "river stone " * 120]))
     return out + [Sample("m0", "mt_bench", ["Tell me a fact.", "Now another one, shorter."])]
 
 
@@ -177,3 +181,42 @@ def test_protocol_b_keeps_the_target_distribution_at_batch_4(cfg_factory, name):
     assert accepted > n_runs // 20, accepted
     pvalue = chi2_pvalue(exact_sequence_probs(t, [0, 1], steps, temp), counts, n_runs)
     assert pvalue > 1e-3, (name, pvalue)
+
+
+def test_a_growth_mid_round_keeps_the_uncounted_blocks(tiny_target, static):
+    """Row 0 ends early and takes a prompt that grows the batch's cache while row 1, the longest row, has written its
+    round's block but not yet counted it: the growth must keep it (it once copied only the counted positions)."""
+    t = tiny_target
+    enc = lambda text: t.encode_chat([{"role": "user", "content": text}])      # noqa: E731
+    prompts = [enc("Hi"), enc("Describe " + "a river " * 20), enc("Count: " + "stone " * 200)]
+    free = DecodeConfig(max_new_tokens=16)
+    stop = generate(t, None, prompts[0], free).tokens[2]                       # row 0's answer ends at its 3rd token
+    dc = DecodeConfig(max_new_tokens=16, stop_token_ids=(stop,))
+    want = [generate(t, None, p, dc) for p in prompts]
+    assert len(want[0].tokens) == 3 and len(want[1].tokens) > 4          # row 0 ends while row 1 decodes on
+    jobs, grown = [Prompt(p) for p in prompts], []
+    real = static.grow_rows
+
+    def grow(cache, end):
+        if end > cache.capacity:
+            grown.append(max(cache.lengths) == cache.lengths[1])
+        return real(cache, end)
+
+    static.grow_rows = grow
+    try:
+        speculate_batched(static, None, jobs, dc, 2, lambda j: None)
+    finally:
+        del static.grow_rows
+    assert True in grown                                                  # the case: row 1 the longest at a growth
+    for job, w in zip(jobs, want):
+        assert job.gen.tokens == w.tokens
+
+
+def test_grow_rows_keeps_positions_past_the_counted_length(static):
+    """What a growth mid-round needs: a row's block written past its counted length survives the reallocation."""
+    cache = static.new_rows_cache(2, 16)
+    cache.lengths = [3, 9]
+    with torch.inference_mode():
+        cache.k[:, 1, :, 9:12] = 1.5                                      # row 1's verified block, not yet counted
+        static.grow_rows(cache, 40)
+    assert cache.capacity >= 40 and bool((cache.k[:, 1, :, 9:12] == 1.5).all())
