@@ -1417,10 +1417,10 @@ class OracleDrafter:
         twin.inner = fork(self.inner)
         return twin
 
-    def prepare_rows(self, rows, anchors, starts) -> None:
+    def prepare_rows(self, rows, anchors, starts, ks, argmax) -> None:
         prepare = getattr(self.inner, "prepare_rows", None)
         if prepare is not None:                            # EAGLE-3 has none: each row proposes alone
-            prepare([r.inner for r in rows], anchors, starts)
+            prepare([r.inner for r in rows], anchors, starts, ks, argmax)
 
 
 ORACLE_NS = (0, 3, 7, 15)          # forced accepted drafts per round (clipped to the drafter's K)

@@ -130,7 +130,7 @@ def test_rows_oracle_forces_every_row_through_the_batched_engine(tiny_target, st
     prepared, passes = [], []
     real = DFlashDrafter.prepare_rows
     monkeypatch.setattr(DFlashDrafter, "prepare_rows", staticmethod(
-        lambda rows, anchors, starts: (prepared.append(len(rows)), real(rows, anchors, starts))))
+        lambda rows, anchors, starts, *rest: (prepared.append(len(rows)), real(rows, anchors, starts, *rest))))
     hook = drafter.model.register_forward_hook(lambda *a: passes.append(1))
     try:
         jobs = [gc._PromptJob(i, p) for i, p in enumerate(prompts)]

@@ -228,13 +228,6 @@ class EvalConfig(Settings):
     shard: str | None = setting(None, shard_is_valid, SHARD_VALID)     # the grammar lives with the code parsing it
     progress: bool = True
 
-    @classmethod
-    def check_values(cls, mine: dict, whole: dict) -> None:
-        drafter, batch = whole.get("drafter") or {}, mine.get("batch_size", 1)
-        if batch != 1 and drafter.get("mode") == "tree":
-            raise UserError(f"eval.batch_size={batch} with drafter.mode=tree ({drafter.get('name')}): draft trees "
-                            f"run at batch 1 only; use drafter.mode=chain or eval.batch_size=1")
-
 
 @frozen
 class LoggerConfig(Settings):

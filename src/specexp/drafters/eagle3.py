@@ -125,6 +125,10 @@ class Eagle3Settings(Settings):
         if mine.get("mode") == "tree" and top_k is not None and vocab is not None and top_k > vocab:
             raise UserError(f"drafter.tree.top_k={top_k} exceeds drafter.draft_vocab_size={vocab}; choose top_k <= "
                             f"{vocab}")
+        batch = (whole.get("eval") or {}).get("batch_size", 1)
+        if mine.get("mode") == "tree" and batch != 1:             # decoding/batch_spec.py runs chains only
+            raise UserError(f"eval.batch_size={batch} with drafter.mode=tree ({mine.get('name')}): draft trees run at "
+                            f"batch 1 only; use drafter.mode=chain or eval.batch_size=1")
 
 
 # vLLM's top-level `eagle_aux_hidden_state_layer_ids` index the hidden states entering a layer (j = the output of
