@@ -21,14 +21,14 @@ B (K + 1) rows stop being free (the matrix units fill): experiments/bench_batch.
 
 Each row follows the batch-1 engine's rules exactly (the same K, budget, stop truncation and verdicts), so its
 tokens are the target's greedy tokens up to float rounding among B rows (tests/decoding/test_batch_spec.py:
-equal to batch 1 in float32, every drafter). Draft trees run at batch 1 only. Jobs are decoding/batch.py's: a job
+equal to batch 1 in float32, every drafter). Draft trees run at batch 1 only. Jobs are `Job`s (below); a job
 with a `generator` attribute has its rows sampled from it (per-turn seeds, as at batch 1).
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -36,9 +36,15 @@ from torch.nn.utils.rnn import pad_sequence
 from ..clock import now
 from ..drafters.base import Sampling, fork
 from ..errors import check
-from .batch import Job
 from .engine import DecodeConfig, Generation, drafts_per_round
 from .verify import PROTOCOLS, Verdict, verify
+
+
+class Job(Protocol):
+    """One sample's turns (decoding/batch.py's module docstring): `next_prompt(None)` is its first prompt,
+    `next_prompt(finished turn)` the next one, None when it has no more."""
+
+    def next_prompt(self, previous: Generation | None) -> list[int] | None: ...
 
 
 @dataclass
