@@ -177,12 +177,14 @@ def main() -> None:
     rows = table(per)
     best = max(rows[1:], key=lambda r: r["speedup"])
     mach = machine.describe(torch.device("cpu"))
+    packing = (", linear layers packed: " + json.dumps(cpu_linear.describe(target.model))
+               if cpu_linear.is_packed(target.model) else "")
     lines = [f"# Drafts per round ({args.drafter} on {args.target}, greedy, {args.split} split, "
              f"{', '.join(args.benchmarks)}, {len(prompts)} prompts, {args.max_new_tokens} new tokens, "
              f"{args.threads} thread(s); load {load_start:.1f} → {load_end:.1f})", "",
              f"CPU {mach['cpu']} ({mach['cores']} cores; flags: {', '.join(mach['cpu_flags']) or 'none'}); target "
              f"{target.dtype}, engine {type(target).__name__}"
-             f"{', linear layers packed for oneDNN' if cpu_linear.is_packed(target.model) else ''}; "
+             f"{packing}; "
              f"torch {torch.__version__}.", "",
              "All prompts pooled:", "",
              "| variant | τ | ms / token | ms / round | round in AR steps | speedup vs AR [95% CI] |",
@@ -196,8 +198,8 @@ def main() -> None:
         more, per_bench = benchmark_lines(per, samples, f"k={drafter.max_drafts}")
         lines += ["", "Per benchmark (summary.json's speedup: mean AR TPOT / mean TPOT; macro: their mean):", "", *more]
     n_spec = len(prompts) * (len(variants) - 1)
-    lines += ["", f"Greedy output equal to AR's on {lossless} / {n_spec} (prompt, cap) pairs (bf16: a k-row verify "
-              f"and a 1-row step round differently, so a difference at a near-tie is possible). Fastest pooled: "
+    lines += ["", f"Greedy output equal to AR's on {lossless} / {n_spec} (prompt, cap) pairs (a k-row verify "
+              f"and a 1-row step may round differently, so a difference at a near-tie is possible). Fastest pooled: "
               f"{best['variant']} ({best['speedup']:.2f}×)."]
     md = "\n".join(lines) + "\n"
     print(md)
@@ -208,7 +210,7 @@ def main() -> None:
         (args.out / f"{stem}.json").write_text(json.dumps(
             {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
              "machine": mach, "target_dtype": str(target.dtype).removeprefix("torch."),
-             "prepacked": cpu_linear.is_packed(target.model),
+             "prepacked": cpu_linear.is_packed(target.model), "packing": cpu_linear.describe(target.model),
              "samples": [s.id for s in samples], "benchmarks": [s.benchmark for s in samples],
              "load": [load_start, load_end], "rows": rows, "per_benchmark": per_bench,
              "lossless": [lossless, n_spec], "per_prompt": per}, indent=1))

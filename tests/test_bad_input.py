@@ -334,7 +334,7 @@ CASES = [
     case("anchors_huge", [*TRAIN, "train.num_anchors=100000000"],
          "train.num_anchors=100000000 is not valid; expected an int >= 1; at most 4,096"),
     case("prompt_alone_too_long", [*SMALL, "target.max_context=40"],
-         "tokens, + 15 drafts) exceeds the target context of 40; no eval.max_new_tokens fits", slow=True),
+         "tokens, + 3 drafts) exceeds the target context of 40; no eval.max_new_tokens fits", slow=True),
 
     # ---- the entry point and the run directory (the store's claim rules hold for every task)
     case("run_dir_empty", [*TINY, "hydra.run.dir=''"], "hydra.run.dir='' is empty; name a directory for the run's "

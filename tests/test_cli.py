@@ -31,6 +31,7 @@ def test_issue_command_writes_the_contract(tmp_path):
     d = tmp_path / "run"
     r = cli("task=eval", "target=tiny_qwen3", "drafter=dflash", "drafter.init=random", "benchmark=gsm8k",
             "eval.num_samples=3", "eval.max_new_tokens=48", "eval.check_lossless=true", "logger=none",
+            "eval.max_drafts=null",                 # the drafter's own K = 15 (auto caps a CPU run at 3)
             f"hydra.run.dir={d}")
     assert r.returncode == 0, r.stderr[-2000:]
     s = json.loads((d / "summary.json").read_text())
@@ -57,7 +58,8 @@ def test_issue_command_writes_the_contract(tmp_path):
     cmd = json.loads((d / "command.json").read_text())
     assert cmd["argv"][1:] == ["task=eval", "target=tiny_qwen3", "drafter=dflash", "drafter.init=random",
                                "benchmark=gsm8k", "eval.num_samples=3", "eval.max_new_tokens=48",
-                               "eval.check_lossless=true", "logger=none", f"hydra.run.dir={d}"]
+                               "eval.check_lossless=true", "logger=none", "eval.max_drafts=null",
+                               f"hydra.run.dir={d}"]
     assert cmd["cwd"] == str(ROOT) and cmd["command"].startswith("python -m specexp task=eval target=tiny_qwen3")
     samples = (d / "samples.jsonl").read_bytes()
     again = cli(*shlex.split(cmd["rerun"])[3:])

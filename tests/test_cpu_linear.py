@@ -1,9 +1,14 @@
 """`target.prepack` (kernels/cpu_linear.py): a bf16 CPU target's linear layers with oneDNN-packed weights give the
 unpacked model's logits bit for bit and its greedy tokens, on both engines, with a drafter that calls the target's
-lm_head; the parameters, gradients and run settings are unchanged; the switch refuses what it cannot do."""
+lm_head; an fp32 target's packed products (each kind forced, and the measured plan) give the unpacked logits to
+the last bits, the same greedy tokens, and every drafter's greedy output equals packed AR's; the parameters,
+gradients and run settings are unchanged; `auto` resolves per CPU; the switch refuses what it cannot do."""
+import json
+
 import pytest
 import torch
 
+from helpers import STRONG, OracleDrafter
 from specexp import registry
 from specexp.errors import UserError
 from specexp.kernels import cpu_linear
@@ -67,21 +72,25 @@ def test_a_gradient_through_a_packed_layer_takes_the_modules_own_product():
             assert torch.equal(lin(y), ref(y))
 
 
-def test_auto_leaves_fp32_alone_and_true_refuses_what_it_cannot_do(cfg_factory):
-    _, t = _target(cfg_factory, "auto", "target.dtype=float32")
-    assert not any("packed_weight" in vars(m) for m in t.model.modules())
-    assert not cpu_linear.wanted("auto", torch.device("cpu"), torch.float32)
+def test_auto_packs_fp32_only_where_it_pays_and_true_refuses_what_it_cannot_do(cfg_factory, tmp_path):
+    _, t = _target(cfg_factory, "auto", "target.dtype=float32", f"target.cache_dir={tmp_path}")
+    # the tiny model's weights stay in the CPU's caches: under the size floor, left plain and nothing measured
+    assert not cpu_linear.is_packed(t.model) and not (tmp_path / "cpu_linear").exists()
+    assert cpu_linear.wanted("auto", torch.device("cpu"), torch.float32) == cpu_linear.available(torch.float32)
+    assert not cpu_linear.wanted("auto", torch.device("cpu"), torch.float16)
     assert not cpu_linear.wanted("auto", torch.device("cuda"), torch.bfloat16)
     assert not cpu_linear.wanted("auto", torch.device("cpu"), torch.bfloat16, compiled=True)
     assert not cpu_linear.wanted(False, torch.device("cpu"), torch.bfloat16)
-    with pytest.raises(UserError, match=r"^target.prepack=true needs a bf16 target on a CPU \(this one: torch.float32"):
-        _target(cfg_factory, "true", "target.dtype=float32")
+    with pytest.raises(UserError, match=r"^target.prepack=true needs a bf16 or float32 target on a CPU \(this one: "
+                                        r"torch.float16"):
+        _target(cfg_factory, "true", "target.dtype=float16")
     with pytest.raises(UserError, match="target.prepack=true with target.compile=true"):
         cpu_linear.wanted(True, torch.device("cpu"), torch.bfloat16, compiled=True)
 
 
 def test_prepack_is_not_a_setting_of_a_run(cfg_factory):
-    """Bit-identical outputs: a run made with it resumes without it, so run.json does not record it."""
+    """bf16: bit-identical outputs; fp32: last-bit differences, as between machines: a run made with it resumes
+    without it, so run.json does not record it (run_info.json does)."""
     from specexp.targets import target_settings
 
     a, b = (target_settings(cfg_factory(f"target.prepack={p}").target, torch.device("cpu")) for p in ("auto", "false"))
@@ -144,3 +153,141 @@ def test_a_model_made_in_inference_mode_packs_and_runs():
     x = torch.randn(3, 16, dtype=torch.bfloat16)
     with torch.inference_mode():
         assert torch.equal(lin(x), ref(x))
+
+
+# ---------------------------------------------------------------------------------------------------------- fp32
+needs_fp32 = pytest.mark.skipif(not (cpu_linear.available(torch.float32) and cpu_linear._has_mkl()),
+                                reason="this torch cannot pack fp32 weights (oneDNN and MKL)")
+PLANS = {"mkl": dict.fromkeys(cpu_linear.ROWS, "mkl"), "onednn": dict.fromkeys(cpu_linear.ROWS, "onednn"),
+         "mixed": {1: "plain", 2: "onednn", 4: "mkl", 8: "mkl", 16: "plain"}}
+
+
+def _fp32(cfg_factory, engine, plan=None, *more):
+    cfg, t = _target(cfg_factory, "false", "target.dtype=float32", f"target.engine={engine}", *more)
+    if plan is not None:
+        assert cpu_linear.pack(t.model, plan=PLANS[plan]) > 0
+    return cfg, t
+
+
+@needs_fp32
+@pytest.mark.parametrize("plan", sorted(PLANS))
+@pytest.mark.parametrize("engine", ["hf", "static"])
+def test_fp32_packed_logits_are_the_unpacked_to_the_last_bits_and_greedy_tokens_the_same(cfg_factory, engine, plan):
+    from specexp.decoding.engine import DecodeConfig, generate
+
+    _, plain = _fp32(cfg_factory, engine)
+    _, packed = _fp32(cfg_factory, engine, plan)
+    assert cpu_linear.describe(packed.model)["fp32_plan"] == PLANS[plan]
+    assert plain.model.state_dict().keys() == packed.model.state_dict().keys()
+    ids = torch.randint(5, 1000, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        for t in (plain, packed):           # a prefill (F.linear), then blocks of 1, 3, 5, 8 and 16 rows (buckets)
+            cache, start = t.new_cache(64), 7
+            t.out = [t.forward(ids[:, :7], 0, cache, taps=(0, 1))]
+            for n in (1, 3, 5, 8, 16):
+                t.out.append(t.forward(ids[:, start:start + n], start, cache, taps=(0, 1)))
+                start += n
+    for (lp, hp), (lq, hq) in zip(plain.out, packed.out):
+        assert torch.allclose(lp, lq, rtol=1e-5, atol=1e-5) and torch.allclose(hp, hq, rtol=1e-5, atol=1e-5)
+        assert torch.equal(lp.argmax(-1), lq.argmax(-1))
+    prompt, dc = ids[0, :12].tolist(), DecodeConfig(max_new_tokens=32)
+    assert generate(plain, None, prompt, dc).tokens == generate(packed, None, prompt, dc).tokens
+
+
+@needs_fp32
+@pytest.mark.parametrize("engine", ["hf", "static"])
+def test_a_packed_row_is_the_same_whatever_the_blocks_length(cfg_factory, engine):
+    """Each bucket is one product at one row count: the zero rows padding a block never reach its real rows."""
+    lin = torch.nn.Linear(64, 48)
+    cpu_linear.pack(lin, plan=PLANS["mkl"])
+    x = torch.randn(1, 8, 64)
+    with torch.inference_mode():
+        full = lin(x)
+        for m in (5, 6, 7):                                    # bucket 8, padded with 3, 2, 1 zero rows
+            assert torch.equal(lin(x[:, :m]), full[:, :m])
+        assert torch.allclose(full, torch.nn.functional.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-6)
+
+
+@needs_fp32
+@pytest.mark.parametrize("name", ["dflash", "dels_rnn", "dels_markov", "domino_ft", "dedit", "eagle3"])
+def test_every_drafter_on_a_packed_fp32_target_outputs_packed_ar(cfg_factory, name):
+    """Lossless on the packed path, with deep acceptance: an oracle that drafts packed AR's own continuation
+    (corrupted at random, so every acceptance length and so every bucket occurs), and the real drafter, whose
+    layers are packed beside the target's."""
+    from specexp.decoding.engine import DecodeConfig, generate
+
+    cfg, t = _fp32(cfg_factory, "static", "mixed", f"drafter={name}", "drafter.init=random", *STRONG.get(name, []))
+    d = registry.build_drafter(registry.fill_default_checkpoints(cfg.drafter, t.name), t)
+    assert cpu_linear.is_packed(t.model)
+    prompt = list(range(5, 17))
+    ar = generate(t, None, prompt, DecodeConfig(max_new_tokens=40)).tokens
+    oracle = OracleDrafter(ar, len(prompt), 15, 0.15, t.vocab_size, seed=3)
+    out = generate(t, oracle, prompt, DecodeConfig(max_new_tokens=40, max_drafts=15))
+    assert out.tokens == ar and len(set(out.accept_lengths)) >= 3 and max(out.accept_lengths) >= 4
+    assert generate(t, d, prompt, DecodeConfig(max_new_tokens=40)).tokens == ar
+
+
+@needs_fp32
+def test_fp32_grad_mode_strided_input_and_a_rewritten_weight_take_the_modules_own_product():
+    lin, ref = torch.nn.Linear(16, 8), torch.nn.Linear(16, 8)
+    ref.load_state_dict(lin.state_dict())
+    assert cpu_linear.pack(lin, plan=PLANS["mkl"]) == 1 and cpu_linear.pack(lin, plan=PLANS["mkl"]) == 0
+    x = torch.randn(3, 16, requires_grad=True)
+    lin(x).sum().backward()
+    assert lin.weight.grad is not None and x.grad is not None
+    with torch.no_grad():
+        y = torch.randn(16, 5).t()                                           # strided: F.linear
+        assert torch.equal(lin(y), ref(y))
+        big = torch.randn(2, 20, 16)                                         # past the last bucket: F.linear
+        assert torch.equal(lin(big), ref(big))
+        lin.weight.mul_(2)
+        ref.weight.mul_(2)
+        z = torch.randn(4, 16)
+        assert torch.equal(lin(z), ref(z))                                   # not the stale packed copy
+
+
+@needs_fp32
+def test_the_fp32_plan_is_measured_once_per_machine_and_cached(tmp_path, monkeypatch):
+    weights = [torch.randn(96, 64), torch.randn(64, 96)]
+    plan = cpu_linear.fp32_plan(weights, tmp_path)
+    assert set(plan) == set(cpu_linear.ROWS) and set(plan.values()) <= set(cpu_linear.KINDS)
+    stored = json.loads(cpu_linear.plan_file(tmp_path).read_text())
+    entry = next(iter(stored["models"].values()))
+    assert stored["machine"]["threads"] == torch.get_num_threads() and entry["layers"] == 2
+    for b, kind in plan.items():                      # a packed kind only where it measured GAIN faster
+        ms = entry["ms"][str(b)]
+        assert kind == "plain" or ms[kind] <= cpu_linear.GAIN * ms["plain"]
+    monkeypatch.setattr(cpu_linear, "measure", lambda *a, **k: pytest.fail("measured again"))
+    assert cpu_linear.fp32_plan(weights, tmp_path) == plan                  # the cached plan
+    here = cpu_linear.plan_file(tmp_path)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")                        # another ISA limit: another file
+    assert cpu_linear.plan_file(tmp_path) != here
+
+
+@needs_fp32
+def test_a_model_over_the_size_floor_is_packed_by_its_measured_plan(tmp_path, monkeypatch):
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 64))
+    monkeypatch.setattr(cpu_linear, "MIN_FP32_BYTES", 0)
+    monkeypatch.setattr(cpu_linear, "measure", lambda weights, kinds: {"plan": PLANS["mixed"], "ms": {}})
+    assert cpu_linear.pack(model, cache_dir=tmp_path) == 2
+    assert cpu_linear.describe(model) == {"fp32": 2, "fp32_plan": PLANS["mixed"]}
+    assert next(iter(json.loads(cpu_linear.plan_file(tmp_path).read_text())["models"].values()))["layers"] == 2
+
+
+@pytest.mark.parametrize("flags, dtype, cap", [({"avx2"}, torch.float32, "fp32"),
+                                               ({"avx2", "avx512f"}, torch.float32, "fp32"),
+                                               ({"avx2", "avx512f", "avx512_bf16"}, torch.bfloat16, "bf16"),
+                                               ({"avx2", "amx_bf16", "amx_tile"}, torch.bfloat16, "bf16")])
+def test_auto_resolves_dtype_packing_cap_and_engine_per_cpu(monkeypatch, flags, dtype, cap):
+    from specexp import machine, targets
+    from specexp.eval import summary
+
+    info = {"model": "mocked", "flags": {f: f in flags for f in machine.FLAGS}, "cores": 2}
+    monkeypatch.setattr(machine, "cpu_info", lambda: info)
+    monkeypatch.delenv("SPECEXP_CPU_BF16", raising=False)                # the suite pins fp32; here the flags decide
+    cpu = torch.device("cpu")
+    assert targets.resolve_dtype("auto", cpu) == dtype
+    assert cpu_linear.wanted("auto", cpu, dtype) == cpu_linear.available(dtype)
+    want = summary.CPU_BF16_MAX_DRAFTS if cap == "bf16" else summary.CPU_FP32_MAX_DRAFTS
+    assert summary.max_drafts("auto", cpu, dtype) == want
+    assert targets.resolve_engine("auto", cpu) == "static"

@@ -98,6 +98,7 @@ def test_plugin_drafter_runs_through_eval_losslessly(plugin_dir):
     run = plugin_dir / "run"
     out = _run(plugin_dir, "drafter=lookup", "target=tiny_qwen3", "benchmark=gsm8k", "eval.num_samples=2",
                "eval.max_new_tokens=40", "eval.warmup=0", "eval.progress=false", "logger=none", "device=cpu",
+               "eval.max_drafts=null",                                      # its own K = 4 (auto: 3 on a CPU)
                f"hydra.run.dir={run}")
     assert out.returncode == 0, out.stderr[-2000:]
     s = json.loads((run / "summary.json").read_text())

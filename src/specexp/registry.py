@@ -191,8 +191,9 @@ def build_target(cfg, device, lean: bool = False):
     if not lean:
         target = TARGETS[cfg.loader](cfg, device)
         if cpu_linear.wanted(cfg.get("prepack", "auto"), target.device, target.dtype, bool(cfg.get("compile"))):
-            n = cpu_linear.pack(target.model)              # bit-identical outputs, packed once (kernels/cpu_linear)
-            LOG.debug("target %s: %d linear layers packed for oneDNN", target.name, n)
+            # packed once: bf16 bit-identical, fp32 where this CPU measured it faster (kernels/cpu_linear)
+            n = cpu_linear.pack(target.model, cache_dir=cfg.get("cache_dir"))
+            LOG.debug("target %s: %d linear layers packed (%s)", target.name, n, cpu_linear.describe(target.model))
         auto = cfg.get("engine", "hf") == "auto"
         if targets.resolve_engine(cfg.get("engine", "hf"), target.device) == "static":
             from .static_target import StaticTarget  # the same weights, run over a preallocated KV cache
@@ -226,7 +227,7 @@ def drafter_view(cfg):
 
 def build_drafter(cfg, target):
     """The drafter of `cfg` for `target`; where the target's linear layers are packed (`target.prepack`), the
-    drafter's own are too (bit-identical outputs, kernels/cpu_linear.py)."""
+    drafter's own are too (kernels/cpu_linear.py: bf16 bit-identical, fp32 by the machine's measured plan)."""
     entry = drafter_entry(cfg.name)
     drafter = None if entry.build is None else entry.build(fill_default_checkpoints(cfg, target.name), target)
     if drafter is not None and not getattr(target, "lean", False) and cpu_linear.is_packed(target.model):
@@ -238,7 +239,7 @@ def _pack_parts(obj, target, depth: int = 2) -> None:
     """Pack the modules a drafter holds, and those of the specexp objects it holds (a DeLS head's DFlash backbone)."""
     for part in vars(obj).values():
         if isinstance(part, torch.nn.Module):
-            cpu_linear.pack(part)
+            cpu_linear.pack(part, whole_model=False)
         elif (depth and part is not target and type(part).__module__.startswith("specexp.")
               and hasattr(part, "__dict__")):
             _pack_parts(part, target, depth - 1)

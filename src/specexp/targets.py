@@ -214,7 +214,8 @@ def target_settings(target_cfg, device: torch.device) -> dict:
     """The `target` group as the settings of a run, a training stage or a reference: without its cache directory,
     `engine` only when it is not `hf` (nor `auto` on a CPU, which runs the static engine there) and `compile` only
     when true (the static engine computes the same logits on the CPU, and runs and stages made before the keys
-    existed keep their digests), without `prepack` (its outputs are bit for bit the unpacked ones:
+    existed keep their digests), without `prepack` (bf16: its outputs are bit for bit the unpacked ones; fp32:
+    they differ in the last bits, as another machine's sgemm does, which run settings do not record either:
     kernels/cpu_linear.py), and `dtype=auto` as what it resolves to on `device` (the same run on another machine
     may compute in another precision)."""
     from omegaconf import OmegaConf

@@ -1,23 +1,25 @@
-"""`eval.max_drafts=auto`: a cap of CPU_BF16_MAX_DRAFTS for a bf16 target on a CPU, the drafter's own K elsewhere;
+"""`eval.max_drafts=auto`: a cap of CPU_BF16_MAX_DRAFTS / CPU_FP32_MAX_DRAFTS for a bf16 / fp32 target on a CPU,
+the drafter's own K elsewhere;
 what a run records and decodes under it."""
 import json
 
 import pytest
 import torch
 
-from specexp.eval.summary import CPU_BF16_MAX_DRAFTS, max_drafts
+from specexp.eval.summary import CPU_BF16_MAX_DRAFTS, CPU_FP32_MAX_DRAFTS, max_drafts
 
 
 @pytest.mark.parametrize("value,device,dtype,want", [
     ("auto", "cpu", torch.bfloat16, CPU_BF16_MAX_DRAFTS),
-    ("auto", "cpu", torch.float32, None),
+    ("auto", "cpu", torch.float32, CPU_FP32_MAX_DRAFTS),
+    ("auto", "cpu", torch.float16, None),
     ("auto", "cuda", torch.bfloat16, None),          # on a GPU a 16-row verify costs about one step
     ("auto", torch.device("cpu"), torch.bfloat16, CPU_BF16_MAX_DRAFTS),
     (None, "cpu", torch.bfloat16, None),               # null: the drafter's own K, whatever the machine
     (5, "cpu", torch.bfloat16, 5),
     (5, "cuda", torch.float32, 5),
 ])
-def test_auto_caps_only_a_bf16_target_on_a_cpu(value, device, dtype, want):
+def test_auto_caps_a_bf16_or_fp32_target_on_a_cpu(value, device, dtype, want):
     assert max_drafts(value, device, dtype) == want
 
 
@@ -26,7 +28,7 @@ def test_the_main_job_asks_for_auto_and_the_paper_setting_for_the_drafters_own_k
     assert cfg_factory("eval=paper").eval.max_drafts is None
 
 
-@pytest.mark.parametrize("dtype,cap", [("bfloat16", CPU_BF16_MAX_DRAFTS), ("float32", None)])
+@pytest.mark.parametrize("dtype,cap", [("bfloat16", CPU_BF16_MAX_DRAFTS), ("float32", CPU_FP32_MAX_DRAFTS)])
 def test_run_settings_record_what_auto_resolved_to(cfg_factory, dtype, cap):
     from specexp.eval.summary import run_settings
 

@@ -106,7 +106,7 @@ def test_a_checkpoint_retrained_in_place_is_a_different_run(tmp_path):
 
 
 def test_a_run_on_another_device_is_a_different_run(tmp_path):
-    cfg = make_cfg(TINY)
+    cfg = make_cfg([*TINY, "eval.max_drafts=null"])          # auto would differ too (a cap on a CPU, none on CUDA)
     finished_dir(tmp_path, settings=run_settings(cfg, torch.device("cpu")))
     with pytest.raises(UserError, match=r"\(device: recorded 'cpu', now 'cuda'\)"):
         ResultStore(tmp_path, run_settings(cfg, torch.device("cuda")), GSM[:2])

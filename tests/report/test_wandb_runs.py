@@ -76,7 +76,7 @@ def test_replay_grid_merge_and_compare_runs_log_like_eval(spy, cfg_factory, tmp_
     from specexp.eval.replay import run_replay
 
     common = [*SMALL, "task=replay", "benchmark=all", "benchmark.names=[gsm8k,mbpp]", "eval.num_samples=2",
-              f"paths.cache={tmp_path / 'cache'}"]
+              "eval.max_drafts=null", f"paths.cache={tmp_path / 'cache'}"]         # the drafter's own K = 15
     full = run_replay(cfg_factory(*common), tmp_path / "full")
     for i in (0, 1):
         run_replay(cfg_factory(*common, "logger=none", f"eval.shard={i}/2"), tmp_path / f"s{i}")

@@ -254,7 +254,8 @@ def run_eval(cfg, out_dir: Path) -> dict:
         resolved = OmegaConf.to_container(cfg, resolve=True)
         write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         write_json(out_dir / "run_info.json", {**run_info(device), "target_source": target.source,
-                                               "target_prepacked": cpu_linear.is_packed(target.model)})
+                                               "target_prepacked": cpu_linear.is_packed(target.model),
+                                               "target_packing": cpu_linear.describe(target.model)})
         logger = make_logger(cfg.logger, out_dir, resolved, name=f"{cfg.drafter.name}-{target.name}")
 
         done = store.done()

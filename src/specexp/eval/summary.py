@@ -23,13 +23,17 @@ from .store import content_digest
 # (DFlash, mini target, 2-core AVX512-BF16 EPYC; 2, 3, 4 and 7 drafts paired on 70 prompts: 3 gave macro +0.11x
 # [+0.08, +0.14] over the drafter's own 7 for -0.015 tau; experiments/results/draft_cap/dflash-tune-bf16-all.md).
 CPU_BF16_MAX_DRAFTS = 3
+# ... and in fp32, with the linear layers packed by the measured plan (kernels/cpu_linear.py): 2, 3, 4 and 7 drafts
+# paired on 56 tuning prompts of 7 benchmarks (2-core Xeon, idle): 3 gave macro +0.118x [+0.108, +0.130] over 7 for
+# -0.020 tau, ahead of 2 (+0.085) and 4 (+0.012) (experiments/results/draft_cap/dflash-tune-fp32-packed.md).
+CPU_FP32_MAX_DRAFTS = 3
 
 
 def max_drafts(value, device, dtype, batch: int = 1) -> int | None:
-    """`eval.max_drafts` as the engine's cap (None: the drafter's own K). `auto`: on a CPU with the target in bf16,
-    at most `CPU_BF16_MAX_DRAFTS`, since there a verify of k+1 rows grows with k (a matrix product against a 1-row
-    step's matrix-vector product) while the later drafts are rarely accepted; elsewhere the drafter's own K (on a
-    GPU a verify of 16 rows costs about one step; in fp32 on a CPU no cap was measurably faster). A mapping {B: cap}
+    """`eval.max_drafts` as the engine's cap (None: the drafter's own K). `auto`: on a CPU, at most
+    `CPU_BF16_MAX_DRAFTS` (bf16) or `CPU_FP32_MAX_DRAFTS` (fp32), since there a verify of k+1 rows grows with k (a
+    matrix product against a 1-row step's matrix-vector product) while the later drafts are rarely accepted;
+    elsewhere the drafter's own K (on a GPU a verify of 16 rows costs about one step). A mapping {B: cap}
     is a table by batch size (`eval.batch_size`): the entry of the largest B at or below the run's batch, none below
     it meaning the drafter's own K; at batch B a verify is B (k+1) rows, so the cap that pays shrinks as B grows
     (experiments/bench_batch.py measures it). The output is the target's whatever the cap; τ and a round's cost
@@ -39,7 +43,9 @@ def max_drafts(value, device, dtype, batch: int = 1) -> int | None:
         return value[max(at)] if at else None
     if value != "auto":
         return value
-    return CPU_BF16_MAX_DRAFTS if torch.device(device).type == "cpu" and dtype == torch.bfloat16 else None
+    if torch.device(device).type != "cpu":
+        return None
+    return {torch.bfloat16: CPU_BF16_MAX_DRAFTS, torch.float32: CPU_FP32_MAX_DRAFTS}.get(dtype)
 
 
 def decode_config(decoding: DecodingConfig, ev: EvalConfig, target) -> DecodeConfig:
