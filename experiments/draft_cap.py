@@ -110,7 +110,7 @@ def benchmark_lines(per: dict, samples, own: str) -> tuple[list[str], dict]:
         out[variant] = {"speedup": sp, "tau": ta, "macro_speedup": fmean(sp.values()), "macro_tau": fmean(ta.values())}
         lines.append(f"| {variant} | " + " | ".join(f"{sp[b]:.2f}×" for b in names)
                      + f" | {out[variant]['macro_speedup']:.3f}× | {out[variant]['macro_tau']:.3f} |")
-    lines += ["", f"Against {own} (the drafter's own K), paired on the same prompts and AR runs, 95% bootstrap "
+    lines += ["", f"Against {own}, paired on the same prompts and AR runs, 95% bootstrap "
                   "CIs:", "",
               "| variant | macro Δspeedup | macro Δτ | " + " | ".join(f"{b} Δspeedup" for b in names) + " |",
               "|---|---:|---:|" + "---:|" * len(names)]
@@ -148,6 +148,14 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--caps", type=int, nargs="*", default=[1, 2, 3, 4, 5, 7])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--draft-vocabs", type=int, nargs="*", default=[],
+                    help="also DFlash drafting from the N most frequent answer tokens (drafter.draft_vocab), at "
+                         "--vocab-cap drafts, for each N")
+    ap.add_argument("--vocab-cap", type=int, default=3)
+    ap.add_argument("--regen", default="data/regen/smollm2_135m-greedy256",
+                    help="the regeneration set whose answer tokens rank the draft vocabulary")
+    ap.add_argument("--reference", default=None, help="the variant every other is paired against (default: the "
+                                                      "drafter's own K, k=K)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--name", default="", help="suffix of the output files' stem (<drafter>-<split>-<name>)")
     ap.add_argument("overrides", nargs="*", help="further config overrides (e.g. drafter.checkpoint=DIR)")
@@ -157,6 +165,17 @@ def main() -> None:
     target, drafter, samples, prompts, dc = setup(args)
     caps = sorted({min(c, drafter.max_drafts) for c in args.caps} | {drafter.max_drafts})   # K: the reference
     variants = [("AR", None, None)] + [(f"k={c}", drafter, c) for c in caps]
+    if args.draft_vocabs:
+        import copy
+
+        from specexp.drafters.dflash import DraftVocabHead, draft_vocab_ids
+
+        for n in args.draft_vocabs:                     # the same drafter and weights, drafting from n tokens
+            d = copy.copy(drafter)
+            d.lm_head = DraftVocabHead(drafter.lm_head, draft_vocab_ids(args.regen, target, n))
+            if cpu_linear.is_packed(target.model):
+                cpu_linear.pack(d.lm_head, whole_model=False)
+            variants.append((f"k={args.vocab_cap} V={n}", d, args.vocab_cap))
     for name, d, cap in variants:                                                     # warm-up, untimed
         generate(target, d, prompts[0][:64], replace(dc, max_new_tokens=8, max_drafts=cap))
     per = {name: {"decode_s": [], "tokens": [], "rounds": [], "committed": []} for name, _, _ in variants}
@@ -195,7 +214,7 @@ def main() -> None:
                      f"{r['round_in_ar_steps']:.2f} | {r['speedup']:.2f}×{ci} |")
     per_bench = None
     if len(variants) > 2:                                   # AR and at least two caps: pair them
-        more, per_bench = benchmark_lines(per, samples, f"k={drafter.max_drafts}")
+        more, per_bench = benchmark_lines(per, samples, args.reference or f"k={drafter.max_drafts}")
         lines += ["", "Per benchmark (summary.json's speedup: mean AR TPOT / mean TPOT; macro: their mean):", "", *more]
     n_spec = len(prompts) * (len(variants) - 1)
     lines += ["", f"Greedy output equal to AR's on {lossless} / {n_spec} (prompt, cap) pairs (a k-row verify "

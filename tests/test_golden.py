@@ -63,7 +63,8 @@ def test_committed_mini_checkpoints_reach_their_cards(cfg_factory, tmp_path, nam
 
     cfg = cfg_factory("target=smollm2_135m", f"drafter={name}", "drafter.init=auto", "eval=mini",
                       "benchmark=all", f"benchmark.names=[{','.join(benches)}]", "eval.run_ar=false",
-                      "eval.max_drafts=null")     # the cards' τ: each drafter's own K (before auto capped fp32 runs)
+                      "eval.max_drafts=null", "eval.draft_vocab=null")   # the cards' τ: each drafter's own K and
+                                                                         # vocabulary (before auto changed them)
     entry = registry.drafter_entry(name).checkpoints["smollm2_135m"]
     card_dir = ROOT / entry.get("head.checkpoint", entry["checkpoint"])
     card = json.loads((card_dir / "card.json").read_text())["eval"]

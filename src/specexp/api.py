@@ -84,7 +84,11 @@ class Pipeline:
             torch.set_num_threads(cfg.cpu_threads)
         self.device = resolve_device(cfg.device)
         self.target = registry.build_target(cfg.target, self.device)
-        self.drafter = registry.build_drafter(cfg.drafter, self.target)
+        from .config import EvalConfig
+        from .eval.summary import draft_vocab
+
+        vocab = draft_vocab(EvalConfig.from_cfg(cfg.eval), cfg.drafter.name, self.device)
+        self.drafter = registry.build_drafter(cfg.drafter, self.target, vocab)
 
     def encode(self, prompt: Prompt) -> list[int]:
         """A user message (str), a chat (list of {"role", "content"}) or token ids, as the target's prompt ids."""

@@ -213,6 +213,11 @@ class EvalConfig(Settings):
                               "an int >= 1, null (the drafter's own number of drafts), auto, or a mapping {batch size: "
                               f"int >= 1 or null}} (e.g. '{{1: null, 8: 3, 32: 1}}'); {upto(MAX_BLOCK)}")
     batch_size: int = setting(1, *_ints(1, MAX_BATCH))      # sequences decoded side by side (decoding/batch_spec.py)
+    # DFlash drafting from the N most frequent answer tokens of a regeneration set (eval/summary.py `draft_vocab`)
+    draft_vocab: Any = setting(None, lambda v: v == "auto" or null_or(is_int(1))(v),
+                               "an int >= 1, null (the whole vocabulary) or auto")
+    draft_vocab_from: str | None = setting(None, null_or(nonempty_str), "a regeneration set directory (data/regen/), "
+                                                                        "or null")
     shuffle_seed: int = setting(0, is_int(), "an int")
     split: str = choice("eval", "tune")
     tune_samples: Any = setting(0, _tune_samples, "an int >= 0 or a mapping {benchmark: int >= 0} of "
@@ -227,6 +232,17 @@ class EvalConfig(Settings):
     save_text: bool = True
     shard: str | None = setting(None, shard_is_valid, SHARD_VALID)     # the grammar lives with the code parsing it
     progress: bool = True
+
+    @classmethod
+    def check_values(cls, mine: dict, whole: dict) -> None:
+        n, name = mine.get("draft_vocab"), (whole.get("drafter") or {}).get("name")
+        if n is not None and n != "auto":
+            if name != "dflash":
+                raise UserError(f"eval.draft_vocab={n}: only drafter=dflash drafts from a restricted vocabulary "
+                                f"(this is {name}); use eval.draft_vocab=null or auto")
+            if not isinstance(mine.get("draft_vocab_from"), str):
+                raise UserError(f"eval.draft_vocab={n} needs eval.draft_vocab_from=DIR, a regeneration set of the "
+                                "target's own answers (data/regen/)")
 
 
 @frozen

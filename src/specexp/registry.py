@@ -225,11 +225,17 @@ def drafter_view(cfg):
     return cfg if entry.settings is None else entry.settings.of(cfg)
 
 
-def build_drafter(cfg, target):
-    """The drafter of `cfg` for `target`; where the target's linear layers are packed (`target.prepack`), the
-    drafter's own are too (kernels/cpu_linear.py: bf16 bit-identical, fp32 by the machine's measured plan)."""
+def build_drafter(cfg, target, draft_vocab: tuple[int, str] | None = None):
+    """The drafter of `cfg` for `target`; `draft_vocab`: (N, regeneration set), DFlash drafting from that set's N
+    most frequent answer tokens (`eval.draft_vocab`, eval/summary.py resolves it). Where the target's linear layers
+    are packed (`target.prepack`), the drafter's own are too (kernels/cpu_linear.py: bf16 bit-identical, fp32 by the
+    machine's measured plan)."""
     entry = drafter_entry(cfg.name)
     drafter = None if entry.build is None else entry.build(fill_default_checkpoints(cfg, target.name), target)
+    if draft_vocab is not None:
+        check(isinstance(drafter, dflash.DFlashDrafter) and drafter.name == "dflash",
+              f"eval.draft_vocab={draft_vocab[0]}: only drafter=dflash drafts from a restricted vocabulary")
+        drafter.restrict_vocab(draft_vocab[1], target, draft_vocab[0])
     if drafter is not None and not getattr(target, "lean", False) and cpu_linear.is_packed(target.model):
         _pack_parts(drafter, target)
     return drafter

@@ -262,3 +262,93 @@ def test_init_resolution_is_one_rule():
         ckpt.resolve_init("checkpoint", None)
     with pytest.raises(UserError, match=r"^drafter.head.init='x' is not valid; choose one of: auto, random, check"):
         ckpt.resolve_init("x", None, "drafter.head")
+
+
+# ------------------------------------------------------------------------------ eval.draft_vocab
+def _regen_set(root, target_name: str, rows: list[tuple[list[int], list[int]]]):
+    """A regeneration set (data/regen/README.md's format) of (prompt ids, response ids) rows."""
+    import numpy as np
+
+    root.mkdir()
+    flat = [t for p, r in rows for t in p + r]
+    np.save(root / "tokens.npy", np.asarray(flat, dtype=np.int32))
+    (root / "manifest.json").write_text(json.dumps({
+        "format": "specexp-regen/1", "provenance": {"target": {"name": target_name}},
+        "rows": [[f"r{i}", len(p), len(r), True] for i, (p, r) in enumerate(rows)]}))
+    return root
+
+
+def test_a_restricted_draft_vocabulary_drafts_only_its_tokens_and_keeps_the_targets_output(cfg_factory, tmp_path,
+                                                                                        tiny_target):
+    from specexp import registry
+    from specexp.drafters.dflash import draft_vocab_ids
+
+    prompt = tiny_target.encode_chat([{"role": "user", "content": "Count from one to twenty."}])
+    ar = generate(tiny_target, None, prompt, DecodeConfig(max_new_tokens=24)).tokens
+    # the answers' tokens: the AR output's own (so drafts can be accepted) and a few more; prompt tokens never count
+    rows = [(prompt[:5], ar), (prompt[:3], ar[:10] + [7, 7, 7, 9])]
+    regen = _regen_set(tmp_path / "regen", "tiny_qwen3", rows)
+    ids = draft_vocab_ids(str(regen), tiny_target, 6)
+    assert ids.tolist() == sorted(ids.tolist()) and len(ids) == 6 and 7 in ids.tolist()
+    assert not set(ids.tolist()) & (set(prompt[:5]) - set(ar) - {7, 9})
+    d = registry.build_drafter(cfg_factory().drafter, tiny_target, (6, str(regen)))
+    assert torch.equal(d.lm_head.ids, ids)
+    with torch.inference_mode():
+        h = torch.randn(3, tiny_target.hidden_size)
+        full, sub = tiny_target.lm_head(h), d.lm_head(h)                                     # [3, V]
+    assert torch.equal(sub[:, ids], full[:, ids]) and bool((sub.isinf().sum(-1) == sub.shape[-1] - 6).all())
+    seen = []
+    real = d.propose
+    d.propose = lambda *a: seen.append(p := real(*a)) or p
+    out = generate(tiny_target, d, prompt, DecodeConfig(max_new_tokens=24))
+    assert out.tokens == ar and seen and all(set(p.tokens.tolist()) <= set(ids.tolist()) for p in seen)
+    seen.clear()                                     # protocol B: q is a distribution over the draft vocabulary
+    g = torch.Generator().manual_seed(0)
+    generate(tiny_target, d, prompt, DecodeConfig(protocol="B", temperature=1.0, max_new_tokens=16), generator=g)
+    outside = torch.ones(tiny_target.vocab_size, dtype=torch.bool)
+    outside[ids] = False
+    assert seen and all(bool((p.q[:, outside] == 0).all()) and torch.allclose(p.q.sum(-1), torch.ones(len(p.q)))
+                        and set(p.tokens.tolist()) <= set(ids.tolist()) for p in seen)
+
+
+def test_auto_draft_vocabulary_is_a_cpu_dflash_speed_setting_recorded_as_resolved(cfg_factory, tmp_path):
+    from specexp.config import EvalConfig
+    from specexp.eval.summary import CPU_DRAFT_VOCAB, draft_vocab, run_settings
+
+    regen = _regen_set(tmp_path / "regen", "tiny_qwen3", [([1, 2], [3, 4])])
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    cfg = cfg_factory("eval.draft_vocab=auto", f"eval.draft_vocab_from={regen}")
+    ev = EvalConfig.from_cfg(cfg.eval)
+    assert draft_vocab(ev, "dflash", cpu) == (CPU_DRAFT_VOCAB, str(regen))
+    assert draft_vocab(ev, "dflash", cuda) is None and draft_vocab(ev, "dels_rnn", cpu) is None
+    assert draft_vocab(ev, "dflash", cpu, timed=False) is None                # replay: τ alone, the whole vocabulary
+    assert draft_vocab(EvalConfig.from_cfg(cfg_factory("eval.draft_vocab=auto", "eval.draft_vocab_from=nowhere").eval),
+                       "dflash", cpu) is None
+    # eval=mini points at data/regen/<target>-greedy256, which the tiny test target does not have: unchanged runs
+    assert cfg_factory().eval.draft_vocab == "auto" and cfg_factory("eval=paper").eval.draft_vocab is None
+    plain = run_settings(cfg_factory(), cpu)
+    assert "draft_vocab" not in plain["eval"] and not any("draft_vocab" in k for k in plain["checkpoint_content"])
+    got = run_settings(cfg, cpu)
+    assert got["eval"]["draft_vocab"] == CPU_DRAFT_VOCAB and got["eval"]["draft_vocab_from"] == str(regen)
+    assert "eval.draft_vocab_from" in got["checkpoint_content"]              # other answers: another run
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["eval.draft_vocab=64", "eval.draft_vocab_from=null"], r"^eval.draft_vocab=64 needs eval.draft_vocab_from=DIR"),
+    (["eval.draft_vocab=0"], r"^eval.draft_vocab=0 is not valid; expected an int >= 1, null"),
+    (["drafter=dels_rnn", "eval.draft_vocab=64", "eval.draft_vocab_from=x"],
+     r"^eval.draft_vocab=64: only drafter=dflash drafts from a restricted vocabulary \(this is dels_rnn\)"),
+])
+def test_a_bad_draft_vocabulary_is_one_line(cfg_factory, extra, message):
+    from specexp.config import validate
+
+    with pytest.raises(UserError, match=message):
+        validate(cfg_factory(*extra))
+
+
+def test_a_draft_vocabulary_from_another_targets_answers_is_refused(cfg_factory, tmp_path, tiny_target):
+    from specexp import registry
+
+    regen = _regen_set(tmp_path / "regen", "smollm2_135m", [([1, 2], [3, 4])])
+    with pytest.raises(UserError, match=r"holds smollm2_135m's answers, not tiny_qwen3's$"):
+        registry.build_drafter(cfg_factory().drafter, tiny_target, (2, str(regen)))

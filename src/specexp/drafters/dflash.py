@@ -426,6 +426,54 @@ class RowsBlock:
         return self._logits
 
 
+class DraftVocabHead(nn.Module):
+    """The drafter's vocabulary projection restricted to `ids` (`eval.draft_vocab`): the rows of the full head
+    for those tokens, the logits of every other token -inf. Drafts are proposals, so restricting where they come
+    from keeps the output the target's (the verification is unchanged, and a sampled draft's distribution q is 0
+    outside `ids`, which protocols A and B allow); what it buys is the projection: for the mini target's 49,152 x 576
+    head, 4,096 rows are 1/12 of the weights a proposal reads. The same idea as FR-Spec's frequency-ranked draft
+    vocabulary and EAGLE-3's draft vocabulary. `proj` is an `nn.Linear`, so `target.prepack` packs it."""
+
+    def __init__(self, head: nn.Linear, ids: torch.Tensor):
+        super().__init__()
+        self.vocab = head.out_features
+        self.register_buffer("ids", ids.to(head.weight.device), persistent=False)                 # [N]
+        self.proj = nn.Linear(head.in_features, len(ids), bias=False, device=head.weight.device,
+                              dtype=head.weight.dtype).requires_grad_(False)
+        with torch.no_grad():
+            self.proj.weight.copy_(head.weight[self.ids])                                          # [N, H]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        sub = self.proj(h)                                                                         # [..., N]
+        out = sub.new_full((*sub.shape[:-1], self.vocab), float("-inf"))                           # [..., V]
+        return out.index_copy_(-1, self.ids, sub)
+
+
+def draft_vocab_ids(regen_dir: str, target, n: int) -> torch.Tensor:
+    """The `n` most frequent tokens (ascending ids) of the responses in a regeneration set made by `target`."""
+    import io
+
+    import numpy as np
+
+    from .. import files
+
+    where = f"eval.draft_vocab_from={regen_dir!r}"
+    root = repo_path(regen_dir)
+    manifest = json.loads(files.read_bytes(root / "manifest.json", f"{where}: manifest.json"))
+    made_by = (manifest.get("provenance") or {}).get("target", {}).get("name")
+    check(made_by == target.name, f"{where} holds {made_by}'s answers, not {target.name}'s")
+    check(n <= target.vocab_size, f"eval.draft_vocab={n} exceeds the vocabulary of {target.vocab_size}")
+    raw = files.read_bytes(files.stored(root / "tokens.npy") or root / "tokens.npy", f"{where}: tokens.npy")
+    tokens, counts, off = np.load(io.BytesIO(raw), allow_pickle=False), torch.zeros(target.vocab_size), 0
+    for _, p, r, _ in manifest["rows"]:
+        counts += torch.bincount(torch.from_numpy(tokens[off + p: off + p + r].astype("int64")),
+                                 minlength=target.vocab_size)[:target.vocab_size]
+        off += p + r
+    # most frequent first, ties to the lower id (a stable order: the same set on every machine)
+    order = torch.sort(counts, descending=True, stable=True).indices
+    return order[:n].sort().values
+
+
 class DFlashDrafter:
     """Engine adapter: keeps per-layer context K/V of every committed position before the anchor."""
 
@@ -484,6 +532,11 @@ class DFlashDrafter:
 
     def propose(self, anchor: int, start: int, k: int, sampling: Sampling | None) -> Proposal:
         return choose(self.block_logits(anchor, start, k)[1], sampling)
+
+    def restrict_vocab(self, regen_dir: str, target, n: int) -> None:
+        """Draft from the `n` most frequent answer tokens of a regeneration set (`eval.draft_vocab`,
+        `DraftVocabHead`)."""
+        self.lm_head = DraftVocabHead(self.lm_head, draft_vocab_ids(regen_dir, target, n))
 
     @staticmethod
     @torch.inference_mode()

@@ -43,7 +43,7 @@ from . import metrics, shards
 from .references import SampleJob, batch_engine
 from .replay import build_references, default_replay, replay_sample
 from .store import ResultStore
-from .summary import decode_config, run_settings, summarize
+from .summary import decode_config, draft_vocab, run_settings, summarize
 
 
 def turn_seed(seed: int, sample_id: str, turn: int) -> int:
@@ -242,7 +242,7 @@ def run_eval(cfg, out_dir: Path) -> dict:
           f"eval.check_lossless=true compares outputs token for token and needs greedy decoding (got protocol "
           f"{dec.protocol}); at T>0 losslessness is a distribution-level property (tests/decoding)")
     target = registry.build_target(cfg.target, device)
-    drafter = registry.build_drafter(cfg.drafter, target)
+    drafter = registry.build_drafter(cfg.drafter, target, draft_vocab(ev, cfg.drafter.name, device))
     round_metrics = registry.drafter_entry(cfg.drafter.name).metrics
     dc = decode_config(dec, ev, target)
     k = drafts_per_round(drafter, dc)

@@ -92,7 +92,7 @@ def run_grid(cfg, out_dir: Path) -> dict:
     selected = benchmarks.from_config(BenchmarkConfig.from_cfg(cfg.benchmark), ev)
     samples = shards.select(selected, shard)
     target = registry.build_target(cfg.target, device)
-    drafter = registry.build_drafter(cfg.drafter, target)
+    drafter = registry.build_drafter(cfg.drafter, target)          # DeLS: eval.draft_vocab is refused for it
     check(isinstance(drafter, DeLSDrafter),
           f"replay.fusion_grid needs a drafter with fusion weights (dels_rnn, dels_markov); "
           f"got drafter={cfg.drafter.name}")

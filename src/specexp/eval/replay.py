@@ -49,7 +49,7 @@ from ..tracking import make_logger, run_info
 from . import metrics, shards
 from .references import ReferenceStore, batch_engine, compute_references, set_fingerprint, turns_with_prompts
 from .store import ResultStore
-from .summary import capped, decode_config, summarize
+from .summary import capped, checkpoint_digests, decode_config, draft_vocab, summarize
 
 _log = log.get(__name__)
 
@@ -283,12 +283,15 @@ def reference_batch(value, target) -> int:
 def run_settings(cfg, refs: ReferenceStore) -> dict:
     """Every setting that changes a replay's results (run.json, eval/store.py)."""
     rp, ev, device = ReplayConfig.from_cfg(cfg.replay), EvalConfig.from_cfg(cfg.eval), resolve_device(cfg.device)
+    vocab = draft_vocab(ev, cfg.drafter.name, device, timed=False)     # absent for the whole vocabulary, as before
+    vocab = {"draft_vocab": vocab[0], "draft_vocab_from": vocab[1],
+             "draft_vocab_content": checkpoint_digests({"draft_vocab_from": vocab[1]}, "eval")} if vocab else {}
     return {
         "mode": "replay", "references": refs.hash,
         "target": target_settings(cfg.target, device),
         "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
         "max_new_tokens": ev.max_new_tokens, "near_tie": rp.near_tie, "batched": rp.batched, "save_text": ev.save_text,
-        **capped(ev, cfg.target, device),
+        **capped(ev, cfg.target, device), **vocab,
     }
 
 
@@ -330,7 +333,7 @@ def run_replay(cfg, out_dir) -> dict:
     selected = benchmarks.from_config(BenchmarkConfig.from_cfg(cfg.benchmark), ev)
     samples = shards.select(selected, shard)            # all of them unless eval.shard=I/N (references too)
     target = registry.build_target(cfg.target, device)
-    drafter = registry.build_drafter(cfg.drafter, target)
+    drafter = registry.build_drafter(cfg.drafter, target, draft_vocab(ev, cfg.drafter.name, device, timed=False))
     round_metrics = registry.drafter_entry(cfg.drafter.name).metrics
     dc = decode_config(dec, ev, target)
     refs = build_references(cfg, target, samples, dc)

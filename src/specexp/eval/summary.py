@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from ..config import DecodingConfig, EvalConfig
 from ..decoding.engine import DecodeConfig, drafts_per_round
 from ..machine import describe
+from ..paths import repo_path
 from ..targets import resolve_dtype, target_settings
 from . import metrics
 from .store import content_digest
@@ -46,6 +47,30 @@ def max_drafts(value, device, dtype, batch: int = 1) -> int | None:
     if torch.device(device).type != "cpu":
         return None
     return {torch.bfloat16: CPU_BF16_MAX_DRAFTS, torch.float32: CPU_FP32_MAX_DRAFTS}.get(dtype)
+
+
+# `eval.draft_vocab=auto` on a CPU: DFlash drafting from the 8,192 most frequent answer tokens. Chosen on the tuning
+# split (fp32, packed, 3 drafts, 2-core Xeon; 56 prompts of 7 benchmarks, paired): 2,048 / 4,096 / 8,192 tokens gave
+# macro +0.100 / +0.093 / +0.092x over the whole vocabulary, within each other's CIs; 8,192 is the one whose τ did not
+# move (Δτ +0.000 [+0.000, +0.000]: every draft the same), +0.092x [+0.076, +0.110]
+# (experiments/results/draft_cap/dflash-tune-fp32-vocab.md).
+CPU_DRAFT_VOCAB = 8192
+
+
+def draft_vocab(ev: EvalConfig, drafter_name: str, device, timed: bool = True) -> tuple[int, str] | None:
+    """`eval.draft_vocab` as (N, the regeneration set) or None (the whole vocabulary). `auto`: `CPU_DRAFT_VOCAB` on a
+    CPU for drafter=dflash where `eval.draft_vocab_from` names an existing directory (eval=mini: the target's own
+    answers in data/regen/, which only the mini target has), else None: on a GPU the projection of a few rows costs
+    about nothing; and None where nothing is `timed` (replay, the α/β grid: τ alone, which a speed setting should
+    not move). The drafts change, never the output; τ may (where the target's token lies outside the N)."""
+    n, src = ev.draft_vocab, ev.draft_vocab_from
+    if n == "auto":
+        if not timed:
+            return None
+        fits = (torch.device(device).type == "cpu" and drafter_name == "dflash" and isinstance(src, str)
+                and repo_path(src).is_dir())
+        return (CPU_DRAFT_VOCAB, src) if fits else None
+    return None if n is None else (n, src)
 
 
 def decode_config(decoding: DecodingConfig, ev: EvalConfig, target) -> DecodeConfig:
@@ -126,23 +151,27 @@ def run_settings(cfg, device) -> dict:
     the timed subset when there is one (eval/shards.py `with_timed`): it depends on the selection too."""
     container = OmegaConf.to_container
     drafter, ev = container(cfg.drafter, resolve=True), EvalConfig.from_cfg(cfg.eval)
+    vocab = draft_vocab(ev, drafter.get("name"), device)      # absent for the whole vocabulary: older runs resume
+    vocab = {"draft_vocab": vocab[0], "draft_vocab_from": vocab[1]} if vocab else {}
     return {
         "target": target_settings(cfg.target, device), "drafter": drafter,
-        "checkpoint_content": checkpoint_digests(drafter),
+        "checkpoint_content": checkpoint_digests(drafter) | checkpoint_digests(vocab, "eval"),
         "decoding": container(cfg.decoding, resolve=True),
         "eval": {k: getattr(ev, k) for k in ("max_new_tokens", "run_ar", "check_lossless", "near_tie", "save_text")}
-        | capped(ev, cfg.target, device),
+        | capped(ev, cfg.target, device) | vocab,
         "seed": cfg.seed, "device": device.type, "cpu_threads": cfg.get("cpu_threads"),
     }
 
 
 def checkpoint_digests(node: dict, prefix: str = "drafter") -> dict[str, str]:
-    """{dotted key: content digest} of every `*checkpoint` setting that names a local file or directory (a hub id
-    is pinned by its name alone)."""
+    """{dotted key: content digest} of every `*checkpoint` setting (and `draft_vocab_from`, whose answers rank the
+    draft vocabulary) that names a local file or directory (a hub id is pinned by its name alone)."""
     out = {}
     for k, v in node.items():
         if isinstance(v, dict):
             out.update(checkpoint_digests(v, f"{prefix}.{k}"))
         elif str(k).endswith("checkpoint") and isinstance(v, str) and os.path.exists(os.path.expanduser(v)):
             out[f"{prefix}.{k}"] = content_digest(os.path.expanduser(v))
+        elif k == "draft_vocab_from" and isinstance(v, str) and repo_path(v).exists():
+            out[f"{prefix}.{k}"] = content_digest(str(repo_path(v)))
     return out
