@@ -85,8 +85,9 @@ def main() -> None:
 
     from specexp import benchmarks, registry
     from specexp.cli import CONF_DIR
+    from specexp.config import EvalConfig
     from specexp.decoding.engine import DecodeConfig, drafts_per_round, generate
-    from specexp.eval.summary import max_drafts
+    from specexp.eval.summary import draft_vocab, max_drafts
     from specexp.kernels import cpu_linear
     from specexp.static_target import StaticTarget
 
@@ -134,9 +135,11 @@ def main() -> None:
     drafters = {}                                              # (name, engine) -> drafter
     for d in dict.fromkeys(names + ["dflash"]):                # HF's DFlash borrows the DFlash drafter's weights
         dcfg = config(d).drafter
-        drafters[d, "static"] = registry.build_drafter(dcfg, static)
+        # eval.draft_vocab as the main job resolves it (eval=mini: auto, 8,192 tokens for DFlash on a CPU)
+        vocab = draft_vocab(EvalConfig.from_cfg(config(d).eval), d, torch.device("cpu"))
+        drafters[d, "static"] = registry.build_drafter(dcfg, static, vocab)
         if d in on_hf:
-            drafters[d, "hf"] = registry.build_drafter(dcfg, hf)
+            drafters[d, "hf"] = registry.build_drafter(dcfg, hf, vocab)
     # The tuning split: a speed measurement chooses nothing, but it stays off the evaluation prompts all the same.
     samples = benchmarks.load([args.benchmark], args.prompts, split="tune", tune_samples=args.prompts)
     prompts = [hf.encode_chat([{"role": "user", "content": s.turns[0]}]) for s in samples]
@@ -306,7 +309,8 @@ def main() -> None:
                "load_1min": [load_start[0], load_end[0]],
                "busy": busy, "torch": torch.__version__, "python": platform.python_version(),
                "transformers": __import__("transformers").__version__, "dtype": str(hf.dtype),
-               "prepacked": cpu_linear.is_packed(hf.model),
+               "prepacked": cpu_linear.is_packed(hf.model), "packing": cpu_linear.describe(hf.model),
+               "draft_vocab": getattr(drafters["dflash", "static"].lm_head, "ids", torch.empty(0)).numel() or None,
                "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                # "contest": the warm-up, the repeats and the round-parts pass; "all": also the floor and item 4
                "minutes": {"contest": (t_parts - t_start) / 60, "all": (t_end - t_start) / 60}}
@@ -316,8 +320,10 @@ def main() -> None:
              + (f"at most {dc.max_drafts} drafts a round (--max-drafts {args.max_drafts})"
                 if dc.max_drafts is not None else
                 "each drafter's own K drafts a round")
-             + ("; specexp's linear layers packed for oneDNN (target.prepack), HF's peers stock"
-                if cpu_linear.is_packed(hf.model) else ""),
+             + (f"; specexp's linear layers packed (target.prepack: {json.dumps(cpu_linear.describe(hf.model))}), "
+                "HF's peers stock" if cpu_linear.is_packed(hf.model) else "")
+             + (f"; specexp's DFlash drafts from the {machine['draft_vocab']:,} most frequent answer tokens "
+                "(eval.draft_vocab)" if machine["draft_vocab"] else ""),
              "", f"CPU {machine['cpu']['model']} ({machine['cpu']['cores']} cores; flags: {flags}); {hf.dtype}; "
                  f"load before the run {load_before[0]:.2f}{' (BUSY: timings are not clean)' if busy else ' (idle)'}, "
                  f"during {load_start[0]:.2f} → {load_end[0]:.2f}; "
