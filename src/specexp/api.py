@@ -14,6 +14,7 @@ greedy outputs equal the target's own greedy output token for token.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence, Union
@@ -35,7 +36,7 @@ def compose(overrides: Sequence[str] = ()) -> tuple[object, dict]:
     from . import cli
     from .paths import CONF_DIR
 
-    overrides = [str(o) for o in overrides]
+    overrides = _overrides(overrides)
     check(all(not o.startswith("-") for o in overrides),
           f"overrides take key=value and group=option only, not command-line flags: {overrides}")
     plugin_dirs = cli.plugin_config_dirs()
@@ -52,10 +53,45 @@ def compose(overrides: Sequence[str] = ()) -> tuple[object, dict]:
     return cfg, job
 
 
+def _overrides(overrides) -> list[str]:
+    """`overrides` as a list of strings: None is none, one string is one override; anything else is one line."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, str):
+        return [overrides]
+    check(isinstance(overrides, (list, tuple)), f"overrides is a list of 'key=value' strings, not a "
+                                                f"{type(overrides).__name__}: {str(overrides)[:80]!r}")
+    bad = [o for o in overrides if not isinstance(o, str)]
+    if bad:
+        raise UserError(f"overrides are 'key=value' strings; got {type(bad[0]).__name__} {str(bad[0])[:80]!r}")
+    return list(overrides)
+
+
+def _prompt_list(prompts) -> list:
+    """`generate`'s prompts as a list of prompts: one str, one chat message (a dict), one chat (a list of
+    messages) or one list of token ids is a single prompt; a list of those is several. Anything else: one line."""
+    one = ("a prompt is a str, a chat message {'role', 'content'}, a list of such messages or a list of token ids "
+           "(ints)")
+    if isinstance(prompts, (str, dict)):
+        return [[prompts] if isinstance(prompts, dict) else prompts]
+    check(isinstance(prompts, (list, tuple)), f"{one}, or a list of prompts; got a {type(prompts).__name__}"
+          + (" (pass tensor.tolist())" if type(prompts).__name__ == "Tensor" else ""))
+    items = list(prompts)
+    check(items, "no prompts: pass one prompt or a non-empty list of them")
+    if all(isinstance(x, dict) for x in items) or all(isinstance(x, int) and not isinstance(x, bool) for x in items):
+        return [items]                                     # one chat, or one prompt of token ids
+    for i, x in enumerate(items):
+        check(isinstance(x, (str, dict, list, tuple)), f"prompts[{i}]: {one}; got a {type(x).__name__} "
+                                                       f"{str(x)[:40]!r}")
+    return [[x] if isinstance(x, dict) else x for x in items]
+
+
 @dataclass
 class Output:
     """One generated answer: `text` (special tokens skipped), `token_ids` (the new tokens, the stop token
-    included), `accept_lengths` (tokens committed by each verification), `tau` (their mean; None without one)."""
+    included), `accept_lengths` (tokens committed by each verification), `tau` (their mean; None when no
+    verification ran: a prompt whose first token already ended the answer, or `max_new_tokens=1`, where the
+    prefill alone produced it)."""
 
     text: str
     token_ids: list[int]
@@ -89,6 +125,7 @@ class Pipeline:
 
         vocab = draft_vocab(EvalConfig.from_cfg(cfg.eval), cfg.drafter.name, self.device)
         self.drafter = registry.build_drafter(cfg.drafter, self.target, vocab)
+        self._lock = threading.Lock()
 
     def encode(self, prompt: Prompt) -> list[int]:
         """A user message (str), a chat (list of {"role", "content"}) or token ids, as the target's prompt ids."""
@@ -111,6 +148,10 @@ class Pipeline:
         """Generate for each prompt (one prompt alone is also accepted) with the drafter, batch size 1.
         `decoding`: greedy | A | B (default: the config's `decoding.protocol`); `temperature` for A and B;
         `max_new_tokens`: default `eval.max_new_tokens`; `seed`: default the config's (sampling only)."""
+        with self._lock:        # one engine, one drafter state: calls from several threads take turns
+            return self._generate(prompts, max_new_tokens, decoding, temperature, seed)
+
+    def _generate(self, prompts, max_new_tokens, decoding, temperature, seed) -> list[Output]:
         import torch
 
         from .config import DecodingConfig, EvalConfig
@@ -118,9 +159,12 @@ class Pipeline:
         from .eval.evaluator import check_fits, turn_seed
         from .eval.summary import decode_config
 
-        single = isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
-                                                and not isinstance(prompts[0], (str, list, tuple)))
-        batch = [prompts] if single else list(prompts)
+        batch = _prompt_list(prompts)
+        check(seed is None or (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0),
+              f"seed={seed!r} is not valid; expected an int >= 0 or None (the config's seed)")
+        check(max_new_tokens is None or (isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool)
+                                         and max_new_tokens >= 1),
+              f"max_new_tokens={max_new_tokens!r} is not valid; expected an int >= 1 or None (eval.max_new_tokens)")
         protocol = decoding or self.cfg.decoding.protocol
         temp = temperature if temperature is not None else (0.0 if protocol == "greedy" else
                                                             self.cfg.decoding.temperature or 1.0)
@@ -144,9 +188,13 @@ class Pipeline:
 
 def load(target: str | None = None, drafter: str | None = None, overrides: Sequence[str] = ()) -> Pipeline:
     """A `Pipeline` for `target=TARGET drafter=DRAFTER OVERRIDES...` (names as on the command line; None keeps
-    the config's default). `drafter="none"`: the target alone (autoregressive)."""
+    the config's default). `drafter="none"`: the target alone (autoregressive). `overrides`: a list of
+    'key=value' strings (one string is one override, None is none)."""
+    for name, value in (("target", target), ("drafter", drafter)):
+        check(value is None or isinstance(value, str), f"{name}={value!r} is not valid; expected a config name "
+                                                        f"(str) or None")
     groups = [f"target={target}"] * (target is not None) + [f"drafter={drafter}"] * (drafter is not None)
-    return Pipeline(*compose([*groups, *overrides]))
+    return Pipeline(*compose([*groups, *_overrides(overrides)]))
 
 
 def run(task: str, overrides: Sequence[str] = (), out_dir: str | Path | None = None) -> dict:

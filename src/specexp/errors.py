@@ -20,3 +20,10 @@ def one_of(name: str, value, valid) -> None:
 def differing_keys(recorded: dict, wanted: dict) -> list[str]:
     """Keys whose values differ between what an earlier run recorded and what this run needs."""
     return sorted(k for k in set(recorded) | set(wanted) if recorded.get(k) != wanted.get(k))
+
+
+def invariant(cond: bool, message: str) -> None:
+    """An internal invariant (not the user's input): a `RuntimeError` naming it. A check, not an `assert`, so that
+    `python -O` keeps it."""
+    if not cond:
+        raise RuntimeError(f"specexp internal invariant broken: {message}")

@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 
 from . import pins
-from .errors import UserError, check, one_of
+from .errors import UserError, check, invariant, one_of
 from .machine import native_bf16
 from .paths import cache_root
 
@@ -309,7 +309,7 @@ def qwen3_tokenizer(cache: Path):
         tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN3_SPECIAL_TOKENS])
         hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                      mask_token=QWEN3_MASK_TOKEN, chat_template=QWEN3_NOTHINK_TEMPLATE)
-        assert hf.convert_tokens_to_ids(QWEN3_MASK_TOKEN) == QWEN3_MASK_ID
+        invariant(hf.convert_tokens_to_ids(QWEN3_MASK_TOKEN) == QWEN3_MASK_ID, "the Qwen3 mask token's id")
         hf.save_pretrained(d)
 
     return AutoTokenizer.from_pretrained(_atomic_dir(cache / "qwen3-tokenizer-v1", build))

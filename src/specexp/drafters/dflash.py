@@ -31,7 +31,7 @@ from torch import nn
 
 from .. import checkpoints as ckpt
 from .. import log
-from ..errors import UserError, check
+from ..errors import UserError, check, invariant
 from ..paths import repo_path
 from ..schema import (
     MAX_BLOCK,
@@ -516,7 +516,7 @@ class DFlashDrafter:
     def block_logits(self, anchor: int, start: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden `[1, B, H]` of the block at positions start..start+B-1 and logits `[k, V]` of the k draft rows
         (rows 1..k, unshifted; rows 0..k-1, shifted: `first_row`)."""
-        assert start == self.ctx_len, "context must be exactly the positions before the anchor"
+        invariant(start == self.ctx_len, "context must be exactly the positions before the anchor")
         prepared, self.prepared = self.prepared, None
         if prepared is not None and prepared[:2] == (start, anchor):      # this row's share of a batched pass
             shared, i = prepared[2:]

@@ -56,7 +56,7 @@ from torch import nn
 
 from .. import checkpoints as ckpt
 from .. import log
-from ..errors import UserError, check
+from ..errors import UserError, check, invariant
 from ..schema import (
     MAX_BLOCK,
     MAX_TOKENS,
@@ -485,16 +485,16 @@ class Eagle3Drafter:
             self.stale = True                     # so the next pairs are unknown; generation ends here anyway
             return
         idx = path if path is not None else torch.arange(n_accepted, device=self.proposed.device)
-        assert taps.shape[1] == n_accepted + 1 == len(idx) + 1
+        invariant(taps.shape[1] == n_accepted + 1 == len(idx) + 1, "eagle3: one tap row per committed token")
         self.pending, self.pending_ids = taps, self.proposed[idx]          # stays on the device: no sync
         self.proposed = None
 
     @torch.inference_mode()
     def _context(self, anchor: int, start: int) -> torch.Tensor:
         """Run the pending pairs (their last token is the anchor) into the draft KV; the last output `[1, 1, H]`."""
-        assert not self.stale, "eagle3: propose after a commit whose anchor was never proposed from"
+        invariant(not self.stale, "eagle3: propose after a commit whose anchor was never proposed from")
         m = self.pending.shape[1]
-        assert self.pos + m == start, "the pending taps must end just before the anchor"
+        invariant(self.pos + m == start, "eagle3: the pending taps must end just before the anchor")
         dev = self.model.fc.weight.device
         before = torch.as_tensor(self.pending_ids, dtype=torch.long, device=dev)         # prompt: a host list
         ids = torch.cat([before, torch.full((1,), anchor, device=dev)])[None]               # [1, m]

@@ -40,7 +40,7 @@ from .. import benchmarks, files, log, registry
 from ..config import BenchmarkConfig, DecodingConfig, EvalConfig, ReplayConfig
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round
 from ..decoding.tree import follow
-from ..errors import UserError, check
+from ..errors import UserError, check, invariant
 from ..files import write_json, write_text_atomic
 from ..machine import resolve_device
 from ..report.tables import summary_markdown
@@ -177,7 +177,7 @@ def replay_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc: Decode
         gen.drafted.append(k if path is None else drafts.tokens.numel())
         produced += committed
         j += committed
-    assert produced == len(ref), f"replay committed {produced} tokens of a {len(ref)}-token reference"
+    invariant(produced == len(ref), f"replay committed {produced} tokens of a {len(ref)}-token reference")
     return gen, ties
 
 

@@ -32,6 +32,8 @@ import os
 
 import torch
 
+from ..errors import invariant
+
 try:
     import triton
     import triton.language as tl
@@ -144,7 +146,7 @@ class TritonFusion:
     `tile`: a name of `TILES`, or auto (autotuned among `AUTOTUNE` on a GPU, `INTERPRETED` in the interpreter)."""
 
     def __init__(self, vocab_size: int, device, tile: str = "auto"):
-        assert triton is not None, "triton is not installed"
+        invariant(triton is not None, "the Triton fusion kernel was called without triton installed")
         if tile not in ("auto", *TILES):
             raise ValueError(f"tile={tile!r}; valid: auto, {', '.join(TILES)}")
         self.V = vocab_size
