@@ -149,8 +149,24 @@ def test_overwrite_replaces_only_with_consent(tiny_target, cfg_factory, tmp_path
     (out / "notes.txt").write_text("mine")
     with pytest.raises(specexp.UserError, match="is not empty; choose another directory, or set export.overwrite"):
         run_export("dflash", src, tmp_path / "r2", f"export.out={out}")
+    stale = ["model-00001-of-00002.safetensors", "model.safetensors.index.json", "pytorch_model.bin"]
+    for name in stale:                                                  # an earlier sharded export's weights
+        (out / name).write_bytes(b"old")
     run_export("dflash", src, tmp_path / "r3", f"export.out={out}", "export.overwrite=true", "export.format=hf")
     assert (out / "notes.txt").read_text() == "mine" and json.loads((out / "export.json").read_text())["format"] == "hf"
+    assert not any((out / name).exists() for name in stale)             # no engine can load them instead
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_an_export_says_its_dtype_and_carries_no_remote_code(tiny_target, cfg_factory, tmp_path, dtype):
+    src = trained_like("dflash", tiny_target, cfg_factory, tmp_path / "src")
+    raw = json.loads((src / "config.json").read_text())
+    raw |= {"dtype": "bfloat16", "auto_map": {"AutoModel": "dflash.DFlashDraftModel"}, "trust_remote_code": True}
+    (src / "config.json").write_text(json.dumps(raw))
+    run_export("dflash", src, tmp_path / "run", f"export.dtype={dtype}")
+    config = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
+    assert config["dtype"] == dtype and "auto_map" not in config and "trust_remote_code" not in config
+    assert {t.dtype for t in tensors(tmp_path / "run" / "model").values()} == {getattr(torch, dtype)}
 
 
 def test_push_uploads_the_directory_through_hfapi(tiny_target, cfg_factory, tmp_path, monkeypatch, capsys):

@@ -224,9 +224,13 @@ def load_module(module: torch.nn.Module, path: str | os.PathLike, where: str) ->
 
 def save(path: str | os.PathLike, state: dict[str, torch.Tensor], config: dict,
          dtype: torch.dtype | None = None) -> Path:
-    """Write `model.safetensors` (tensors cast to `dtype` if given) and `config.json` into directory `path`."""
+    """Write `model.safetensors` (tensors cast to `dtype` if given) and `config.json` into directory `path`; a cast
+    also rewrites the config's `dtype` / `torch_dtype` fields where it has them, so the file says what it holds."""
     from safetensors.torch import save_file
 
+    if dtype is not None:
+        name = str(dtype).removeprefix("torch.")
+        config = {**config, **{k: name for k in ("dtype", "torch_dtype") if k in config}}
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in state.items()}

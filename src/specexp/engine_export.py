@@ -169,7 +169,7 @@ def plan(cfg, run_dir) -> Plan:
         check(not isinstance(model, dflash.DSparkDFlashModel),
               f"{where} is a DSpark-format DFlash drafter (its own embedding and lm_head, shifted rows); export "
               f"writes the z-lab layout only (vLLM serves DSpark releases as method=dspark from their own files)")
-        config = model.config.to_dict()
+        config = served(model.config.to_dict())
     else:
         model = eagle3.Eagle3DraftModel.from_pretrained(source, where)
         c = model.config
@@ -180,10 +180,21 @@ def plan(cfg, run_dir) -> Plan:
         check(len(taps) == 3, f"{where} names no tap layers (eagle_config.eagle_aux_hidden_state_layer_ids); set "
                               f"drafter.tap_layers=[LOW,MID,HIGH], the output-of-layer ids it was trained on")
         c.tap_layers = taps
-        config = serving_config_eagle3(c)
+        config = served(serving_config_eagle3(c))
     p = Plan(d.name, ex.format, source, out, bool(ex.get("overwrite")), dtype, model, config, card, push=push)
     p.info = card_facts(cfg, p)
     return p
+
+
+REMOTE_CODE = ("auto_map", "trust_remote_code")     # a source's pointers to modelling code the export does not ship
+STALE = ("model-*-of-*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin",
+         "pytorch_model.bin.index.json")             # weights an engine might load instead of model.safetensors
+
+
+def served(config: dict) -> dict:
+    """config.json as exported: without a source's `auto_map` / `trust_remote_code` (an export ships no code, and an
+    `auto_map` would point a loader at a modelling file that is not there)."""
+    return {k: v for k, v in config.items() if k not in REMOTE_CODE}
 
 
 def serving_config_eagle3(c) -> dict:
@@ -306,15 +317,22 @@ def card_markdown(info: dict, config: dict) -> str:
 def write(p: Plan) -> list[str]:
     """Write the export; a new directory is built beside its final name and renamed into place whole, an existing
     one (export.overwrite=true) gets each file replaced atomically. Returns the file names written."""
+    from . import checkpoints as ckpt
     from .files import write_json, write_text_atomic
 
     def fill(d: Path) -> None:
-        p.model.save_pretrained(d, p.dtype) if p.kind == "dflash" else p.model.save_pretrained(d, p.dtype, p.config)
+        if p.kind == "dflash":
+            ckpt.save_module(p.model, d, p.config, p.dtype)
+        else:
+            p.model.save_pretrained(d, p.dtype, p.config)
         write_text_atomic(d / CARD, card_markdown(p.info, p.config))
         write_json(d / RECORD, p.info)
 
     if p.out.is_dir():
         fill(p.out)
+        for pattern in STALE:             # after the new files are in place: a failed write leaves the old export
+            for f in p.out.glob(pattern):
+                f.unlink()
     else:
         p.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.out.with_name(f".{p.out.name}.{os.getpid()}.tmp")
