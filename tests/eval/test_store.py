@@ -371,3 +371,34 @@ def test_cli_partial_multi_turn_sample_and_a_corrected_command(cfg_factory, tmp_
     redone = path.read_text().splitlines(keepends=True)
     assert [json.loads(x)["turn"] for x in redone] == [0, 1]                 # the whole sample redone
     assert [json.loads(x)["text_sha256"] for x in redone] == [json.loads(x)["text_sha256"] for x in lines]
+
+
+@pytest.mark.parametrize("record, fragment", [
+    ({"accept_lengths": [-5, 0]}, "accept_lengths holds -5; expected ints from 1 to 4,096"),
+    ({"accept_lengths": [10 ** 400, 1]},
+     "accept_lengths holds 100000000000000000000000… (401 digits); expected ints from 1"),
+    ({"tpot": float("nan")}, "tpot=nan; expected a finite number of seconds >= 0, or null"),
+    ({"ar_tpot": -1.0}, "ar_tpot=-1.0; expected a finite number of seconds >= 0"),
+], ids=["negative", "huge", "nan_tpot", "negative_ar_tpot"])
+def test_a_record_a_reader_cannot_use_is_one_line_naming_file_and_line(tmp_path, record, fragment):
+    """issue #49 rows 10, 12, 13: compare, merge and report read samples.jsonl through this reader."""
+    from specexp.eval.store import run_records
+
+    good = {"id": "a", "benchmark": "gsm8k", "turn": 0, "accept_lengths": [2, 1], "tpot": 0.01}
+    lines = [json.dumps(good), json.dumps({**good, "id": "b", **record})]
+    (tmp_path / "samples.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError) as e:
+        run_records(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'samples.jsonl'} line 2: {fragment}") and "\n" not in str(e.value)
+
+
+def test_a_reader_refuses_a_repeated_turn(tmp_path):
+    from specexp.eval.store import run_records
+
+    good = {"id": "a", "benchmark": "gsm8k", "turn": 0, "accept_lengths": [2, 1]}
+    (tmp_path / "samples.jsonl").write_text("\n".join([json.dumps(good)] * 2) + "\n")
+    with pytest.raises(UserError, match=r"samples.jsonl: record 2 repeats gsm8k/a turn 0; a run holds one record a "
+                                         r"turn"):
+        run_records(tmp_path)
+    (tmp_path / "samples.jsonl").write_text(json.dumps(good) + "\n")
+    assert len(run_records(tmp_path)) == 1

@@ -31,6 +31,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
@@ -120,6 +121,8 @@ def samples_diff(recorded: dict, wanted: dict, keys: set[tuple[str, str]]) -> st
 
 # Every field a reader of samples.jsonl relies on (compare, merge, summaries, the experiment scripts), and its type.
 REQUIRED = {"id": str, "benchmark": str, "turn": int, "accept_lengths": list}
+MAX_ACCEPT = 4096               # tokens one verification can commit: a tree's depth + 1 at most, far below this
+TIMES = ("tpot", "ar_tpot")     # optional timing fields: finite seconds >= 0 (or null) where present
 
 
 def _a(noun: str) -> str:
@@ -141,6 +144,16 @@ def _bad_field(rec) -> str | None:
         return f"turn={rec['turn']}; expected an int >= 0"
     if not all(isinstance(a, int) and not isinstance(a, bool) for a in rec["accept_lengths"]):
         return "accept_lengths holds a value that is not an int; expected a list of ints"
+    bad = next((a for a in rec["accept_lengths"] if not 1 <= a <= MAX_ACCEPT), None)
+    if bad is not None:
+        shown = str(bad) if len(str(bad)) <= 24 else f"{str(bad)[:24]}… ({len(str(bad))} digits)"
+        return (f"accept_lengths holds {shown}; expected ints from 1 to {MAX_ACCEPT:,} (the tokens one "
+                f"verification committed, the bonus included)")
+    for key in TIMES:
+        v = rec.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                              or v < 0):
+            return f"{key}={v!r}; expected a finite number of seconds >= 0, or null"
     return None
 
 
@@ -202,7 +215,13 @@ def run_records(run_dir) -> list[dict]:
     check(d.is_dir(), f"{run_dir!s} is not a directory; expected a run directory of task=replay or task=eval")
     path = samples_path(d)
     check(path is not None, f"{run_dir!s}: no {SAMPLES} (a run directory of task=replay or task=eval)")
-    return read_records(path)[0]
+    records, seen = read_records(path)[0], set()
+    for n, r in enumerate(records, 1):      # the store itself drops repeats when it resumes; a reader refuses them
+        key = (r["benchmark"], r["id"], r["turn"])
+        check(key not in seen, f"{path}: record {n} repeats {r['benchmark']}/{r['id']} turn {r['turn']}; a run "
+                               f"holds one record a turn (resume the run to repair it, or move the file away)")
+        seen.add(key)
+    return records
 
 
 @contextlib.contextmanager
