@@ -149,7 +149,7 @@ def main() -> None:
     ap.add_argument("--caps", type=int, nargs="*", default=[1, 2, 3, 4, 5, 7])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--draft-vocabs", type=int, nargs="*", default=[],
-                    help="also DFlash drafting from the N most frequent answer tokens (drafter.draft_vocab), at "
+                    help="also DFlash drafting from the N most frequent answer tokens (eval.draft_vocab), at "
                          "--vocab-cap drafts, for each N")
     ap.add_argument("--vocab-cap", type=int, default=3)
     ap.add_argument("--regen", default="data/regen/smollm2_135m-greedy256",
@@ -168,11 +168,9 @@ def main() -> None:
     if args.draft_vocabs:
         import copy
 
-        from specexp.drafters.dflash import DraftVocabHead, draft_vocab_ids
-
         for n in args.draft_vocabs:                     # the same drafter and weights, drafting from n tokens
             d = copy.copy(drafter)
-            d.lm_head = DraftVocabHead(drafter.lm_head, draft_vocab_ids(args.regen, target, n))
+            d.restrict_vocab(args.regen, target, n)
             if cpu_linear.is_packed(target.model):
                 cpu_linear.pack(d.lm_head, whole_model=False)
             variants.append((f"k={args.vocab_cap} V={n}", d, args.vocab_cap))

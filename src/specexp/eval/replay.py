@@ -49,7 +49,7 @@ from ..tracking import make_logger, run_info
 from . import metrics, shards
 from .references import ReferenceStore, batch_engine, compute_references, set_fingerprint, turns_with_prompts
 from .store import ResultStore
-from .summary import capped, checkpoint_digests, decode_config, draft_vocab, summarize
+from .summary import capped, checkpoint_digests, decode_config, draft_vocab, summarize, vocab_settings
 
 _log = log.get(__name__)
 
@@ -283,9 +283,8 @@ def reference_batch(value, target) -> int:
 def run_settings(cfg, refs: ReferenceStore) -> dict:
     """Every setting that changes a replay's results (run.json, eval/store.py)."""
     rp, ev, device = ReplayConfig.from_cfg(cfg.replay), EvalConfig.from_cfg(cfg.eval), resolve_device(cfg.device)
-    vocab = draft_vocab(ev, cfg.drafter.name, device, timed=False)     # absent for the whole vocabulary, as before
-    vocab = {"draft_vocab": vocab[0], "draft_vocab_from": vocab[1],
-             "draft_vocab_content": checkpoint_digests({"draft_vocab_from": vocab[1]}, "eval")} if vocab else {}
+    vocab = vocab_settings(ev, cfg.drafter.name, device, timed=False)
+    vocab |= {"draft_vocab_content": checkpoint_digests(vocab, "eval")} if vocab else {}
     return {
         "mode": "replay", "references": refs.hash,
         "target": target_settings(cfg.target, device),

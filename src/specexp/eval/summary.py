@@ -73,6 +73,13 @@ def draft_vocab(ev: EvalConfig, drafter_name: str, device, timed: bool = True) -
     return None if n is None else (n, src)
 
 
+def vocab_settings(ev: EvalConfig, drafter_name: str, device, timed: bool = True) -> dict:
+    """`eval.draft_vocab` for a run's settings: N and its regeneration set, or {} for the whole vocabulary (so runs
+    made before the key existed resume)."""
+    vocab = draft_vocab(ev, drafter_name, device, timed)
+    return {"draft_vocab": vocab[0], "draft_vocab_from": vocab[1]} if vocab else {}
+
+
 def decode_config(decoding: DecodingConfig, ev: EvalConfig, target) -> DecodeConfig:
     """The engine's settings from the validated `decoding` and `eval` groups (config.py checked their values)."""
     return DecodeConfig(decoding.protocol, float(decoding.temperature), ev.max_new_tokens,
@@ -151,8 +158,7 @@ def run_settings(cfg, device) -> dict:
     the timed subset when there is one (eval/shards.py `with_timed`): it depends on the selection too."""
     container = OmegaConf.to_container
     drafter, ev = container(cfg.drafter, resolve=True), EvalConfig.from_cfg(cfg.eval)
-    vocab = draft_vocab(ev, drafter.get("name"), device)      # absent for the whole vocabulary: older runs resume
-    vocab = {"draft_vocab": vocab[0], "draft_vocab_from": vocab[1]} if vocab else {}
+    vocab = vocab_settings(ev, drafter.get("name"), device)
     return {
         "target": target_settings(cfg.target, device), "drafter": drafter,
         "checkpoint_content": checkpoint_digests(drafter) | checkpoint_digests(vocab, "eval"),
