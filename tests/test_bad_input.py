@@ -152,6 +152,26 @@ def runs(a_lines, packed=False):
     return setup
 
 
+def unlike_runs(a_summary=None, a_run=None, a_ids=(1, 2, 3)):
+    """TMP/a and TMP/b as two runs of one experiment (SmolLM2, greedy, 128 tokens, the same three prompts), then
+    A's summary.json updated by `a_summary` (run.json's settings follow it) and A's run.json by `a_run` (its
+    `settings` update the settings, its `samples` replace the prompt plan)."""
+    def setup(tmp, bad, mp):
+        for name, ids, summary, run in (("a", a_ids, a_summary, a_run), ("b", (1, 2, 3), None, None)):
+            d = _run_dir(tmp / name, [_rec(i) for i in ids])
+            base = {"drafter": "dflash", "mode": "online", "target": "smollm2_135m", "max_new_tokens": 128,
+                    "decoding": {"protocol": "greedy", "temperature": 0.0}}
+            summary = base | (summary or {})
+            (d / "summary.json").write_text(json.dumps(summary))
+            settings = {"target": {"name": summary["target"], "dtype": "float32"}, "decoding": summary["decoding"],
+                        "eval": {"max_new_tokens": summary["max_new_tokens"]}}
+            plan = {"gsm8k": {f"q{i}": f"p{i}" for i in ids}}
+            run = run or {}
+            (d / "run.json").write_text(json.dumps({"format": 2, "settings": settings | run.get("settings", {}),
+                                                    "samples": run.get("samples", plan)}))
+    return setup
+
+
 def corrupt_summary(tmp, bad, mp):
     (_run_dir(tmp / "a", [_rec(1)]) / "summary.json").write_bytes(b'{"drafter": "df')
 
@@ -406,6 +426,20 @@ CASES = [
          runs([_rec(1), _rec(2, turn="0")])),
     case("compare_corrupt_gz", COMPARE, "TMP/a/samples.jsonl.gz line 2 is corrupt (not JSON)",
          runs([_rec(1), "{corrupt", _rec(3)], packed=True)),
+    case("compare_unlike_target", COMPARE, ("A=TMP/a and B=TMP/b are not runs of one experiment (max_new_tokens: A 16, "
+                                            "B 128; target.name: A 'tiny_qwen3', B 'smollm2_135m')",
+                                            "or set compare.allow_mismatch=true"),
+         unlike_runs({"target": "tiny_qwen3", "max_new_tokens": 16})),
+    case("compare_unlike_dtype", COMPARE, "(target.dtype: A 'bfloat16', B 'float32')",
+         unlike_runs(a_run={"settings": {"target": {"name": "smollm2_135m", "dtype": "bfloat16"}}})),
+    case("compare_unlike_decoding", COMPARE,
+         "(decoding.protocol: A 'B', B 'greedy'; decoding.temperature: A 1.0, B 0.0)",
+         unlike_runs({"decoding": {"protocol": "B", "temperature": 1.0}})),
+    case("compare_unlike_prompts", COMPARE,
+         "(prompts: 1 (benchmark, id) pairs have different prompt text, e.g. gsm8k/q2)",
+         unlike_runs(a_run={"samples": {"gsm8k": {"q1": "p1", "q2": "changed", "q3": "p3"}}})),
+    case("compare_no_common_prompt", COMPARE, "(prompts: none in common (A 2, B 3 samples))",
+         unlike_runs(a_ids=(7, 8))),
     case("compare_summary_not_json", ["task=compare", "compare.a=TMP/a", "compare.b=TMP/a", "logger=none"],
          "TMP/a/summary.json is corrupt (not JSON", corrupt_summary),
     case("report_summary_not_json", ["task=report", "report.runs=[TMP/a]", "logger=none"],
@@ -566,6 +600,27 @@ def test_compare_reads_a_torn_last_line_and_a_packed_run(tmp_path, monkeypatch, 
                            monkeypatch, capsys)
     assert code == 0, err[-3000:]
     assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["turns_compared"] == 2
+
+
+def test_compare_pairs_unlike_runs_only_when_asked_and_says_what_differs(tmp_path, monkeypatch, capsys):
+    """compare.allow_mismatch=true pairs the runs the table refuses, and says above the table (console, compare.md,
+    compare.json) what besides the drafter differs; runs that differ only in the drafter pair without a word."""
+    unlike_runs({"target": "tiny_qwen3", "max_new_tokens": 16})(tmp_path, None, monkeypatch)
+    code, out, err = run_cli(["task=compare", f"compare.a={tmp_path / 'a'}", f"compare.b={tmp_path / 'b'}",
+                              "compare.allow_mismatch=true", "logger=none"], tmp_path / "cmp", monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    said = "max_new_tokens: A 16, B 128; target.name: A 'tiny_qwen3', B 'smollm2_135m'"
+    assert said in err and "pairing unlike runs" in err
+    md = (tmp_path / "cmp" / "compare.md").read_text()
+    assert md.index("Not like for like") < md.index("| benchmark |") and said in md
+    result = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert result["mismatch"] == ["max_new_tokens: A 16, B 128", "target.name: A 'tiny_qwen3', B 'smollm2_135m'"]
+    assert result["turns_compared"] == 3
+    unlike_runs({"drafter": "eagle3"}, {"settings": {"drafter": {"name": "eagle3"}}})(tmp_path / "d", None, None)
+    code, out, err = run_cli(["task=compare", f"compare.a={tmp_path / 'd' / 'a'}", f"compare.b={tmp_path / 'd' / 'b'}",
+                              "logger=none"], tmp_path / "cmp2", monkeypatch, capsys)
+    assert code == 0 and "unlike" not in err, err[-3000:]
+    assert "mismatch" not in json.loads((tmp_path / "cmp2" / "compare.json").read_text())
 
 
 @pytest.mark.slow

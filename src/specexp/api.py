@@ -223,11 +223,14 @@ def export(overrides: Sequence[str] = (), out_dir: str | Path | None = None) -> 
     return run("export", overrides, out_dir)
 
 
-def compare(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None) -> dict:
+def compare(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None,
+            allow_mismatch: bool = False) -> dict:
     """Paired comparison of two run directories on the prompts both hold (compare.json's content); with
-    `out_dir`, also written there as `task=compare` writes it."""
+    `out_dir`, also written there as `task=compare` writes it. Runs of another target, decoding, token budget or
+    prompts are refused (UserError) unless `allow_mismatch` (then compare.json's `mismatch` lists what differs)."""
     if out_dir is not None:
-        return run("compare", [f"compare.a={run_a}", f"compare.b={run_b}"], out_dir)
+        allow = f"compare.allow_mismatch={str(bool(allow_mismatch)).lower()}"
+        return run("compare", [f"compare.a={run_a}", f"compare.b={run_b}", allow], out_dir)
     from .eval.compare import compare_runs
 
-    return compare_runs(str(run_a), str(run_b))
+    return compare_runs(str(run_a), str(run_b), allow_mismatch=allow_mismatch)

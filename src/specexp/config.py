@@ -399,6 +399,7 @@ class CompareConfig(Settings):
     KEY = "compare"
     a: str | None = None
     b: str | None = None
+    allow_mismatch: bool = False                # pair runs of another target, decoding, budget or prompts anyway
     allow_batch_mismatch: bool = False          # pair runs decoded at different eval.batch_size anyway
 
 

@@ -5,9 +5,17 @@ have, and reports per benchmark τ_A, τ_B, Δτ = τ_A − τ_B with a paired-b
 where A / B has the higher τ; when both are online runs (task=eval), also each one's speedup over its own AR
 baseline and Δspeedup with its paired CI (metrics.paired_speedup). Pairing is only meaningful on the same outputs:
 turns whose output text hashes differ (another target, budget or prompt set; an online near-tie) are counted and
-reported, not hidden. Online runs decoded at different `eval.batch_size` are refused unless
-`compare.allow_batch_mismatch=true`: their speedups are throughputs at different batches (replay's τ is the same at
-every batch, so a replay pairs with any).
+reported, not hidden.
+
+A paired delta is a drafter's effect only when everything else is the same, so before any pairing two runs are
+refused (one line naming what differs) when their target (name, hub id, revision, dtype, engine), decoding
+(protocol, temperature, ...), token budget (`eval.max_new_tokens`) or prompts differ: a (benchmark, id) whose
+prompt text differs, or no prompt in common. The drafter and its knobs may differ: that is the point.
+`compare.allow_mismatch=true` pairs such runs anyway and prints what differs above the table (and keeps it in
+compare.json as `mismatch`). What a run recorded decides: run.json's settings and prompt digests, summary.json's
+decoding and budget; a fact only one run recorded is not compared. Online runs decoded at different
+`eval.batch_size` are refused unless `compare.allow_batch_mismatch=true`: their speedups are throughputs at
+different batches (replay's τ is the same at every batch, so a replay pairs with any).
 """
 from __future__ import annotations
 
@@ -20,7 +28,9 @@ from ..errors import check
 from ..files import write_json, write_text_atomic
 from ..tracking import make_logger
 from . import metrics
-from .store import claimed_for, read_json, run_records
+from .store import RUN, claimed_for, read_json, run_records
+
+_log = log.get(__name__)
 
 
 def load_records(run_dir) -> list[dict]:
@@ -44,6 +54,50 @@ def check_batches(a, b, allow: bool) -> None:
     check(allow or ba is None or bb is None or ba == bb,
           f"compare: {a} was decoded at eval.batch_size={ba} and {b} at {bb}; their speedups are throughputs at "
           f"different batches. Compare runs of one batch, or set compare.allow_batch_mismatch=true to pair them anyway")
+
+
+TARGET_FACTS = ("name", "hub_id", "revision", "dtype", "engine")    # what makes the target's outputs what they are
+
+
+def run_facts(run_dir) -> dict:
+    """What must be equal for a paired comparison to measure only the drafter, as dotted keys; a fact the run did
+    not record is absent (compared only when both runs have it)."""
+    d, facts = Path(run_dir), {}
+    if (d / "summary.json").is_file():
+        s = read_json(d / "summary.json")
+        facts |= {"target.name": s.get("target"), "max_new_tokens": s.get("max_new_tokens")}
+        facts |= {f"decoding.{k}": v for k, v in (s.get("decoding") or {}).items()}
+    if (d / RUN).is_file():
+        settings = read_json(d / RUN).get("settings") or {}
+        target = settings.get("target") or {}
+        facts |= {f"target.{k}": target[k] for k in TARGET_FACTS if k in target}
+        facts |= {f"decoding.{k}": v for k, v in (settings.get("decoding") or {}).items()}
+        budget = (settings.get("eval") or {}).get("max_new_tokens", settings.get("max_new_tokens"))
+        facts |= {"max_new_tokens": budget} if budget is not None else {}
+    return {k: v for k, v in facts.items() if v is not None}
+
+
+def run_prompts(run_dir) -> dict[tuple[str, str], str]:
+    """{(benchmark, id): prompt digest} from run.json (empty for a run without one)."""
+    f = Path(run_dir) / RUN
+    plan = (read_json(f).get("samples") or {}) if f.is_file() else {}
+    return {(b, i): h for b, ids in plan.items() if isinstance(ids, dict) for i, h in ids.items()}
+
+
+def mismatches(a, b, ra: list[dict], rb: list[dict]) -> list[str]:
+    """What makes runs `a` and `b` (with records `ra`, `rb`) unlike, one phrase each; [] when only the drafter
+    differs."""
+    fa, fb = run_facts(a), run_facts(b)
+    out = [f"{k}: A {fa[k]!r}, B {fb[k]!r}" for k in sorted(fa.keys() & fb.keys()) if fa[k] != fb[k]]
+    pa, pb = run_prompts(a), run_prompts(b)
+    changed = sorted(k for k in pa.keys() & pb.keys() if pa[k] != pb[k])
+    if changed:
+        out.append(f"prompts: {len(changed)} (benchmark, id) pairs have different prompt text, e.g. "
+                   f"{'/'.join(changed[0])}")
+    ka, kb = ({(r["benchmark"], r["id"]) for r in rs} for rs in (ra, rb))
+    if ra and rb and not ka & kb:
+        out.append(f"prompts: none in common (A {len(ka)}, B {len(kb)} samples)")
+    return out
 
 
 def _label(run_dir) -> str:
@@ -71,7 +125,11 @@ def compare(a: list[dict], b: list[dict]) -> dict:
 def compare_markdown(result: dict) -> str:
     f = lambda x, fmt: "–" if x is None else format(x, fmt)                                    # noqa: E731
     ci = lambda c: "–" if c is None else f"[{c[0]:+.3f}, {c[1]:+.3f}]"                        # noqa: E731
-    rows = [f"A = {result['a']}  \nB = {result['b']}\n",
+    rows = [f"A = {result['a']}  \nB = {result['b']}\n"]
+    if result.get("mismatch"):                  # compare.allow_mismatch=true: say what else differs, first
+        rows += ["**Not like for like** (compare.allow_mismatch=true): A and B also differ in "
+                 + "; ".join(result["mismatch"]) + ". The deltas below are not the drafter's effect alone.\n"]
+    rows += [
             "| benchmark | prompts | τ A | τ B | Δτ (A − B) | 95% CI | A wins | ties | B wins |",
             "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
     for name, c in result["benchmarks"].items():
@@ -96,16 +154,26 @@ def compare_markdown(result: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
-def compare_runs(a, b) -> dict:
-    """The paired comparison of run directories `a` and `b` (compare.json's content)."""
-    return {"a": _label(a), "b": _label(b), **compare(load_records(a), load_records(b))}
+def compare_runs(a, b, allow_mismatch: bool = False, allow_batch_mismatch: bool = False) -> dict:
+    """The paired comparison of run directories `a` and `b` (compare.json's content); refused (UserError) when the
+    runs are unlike (`mismatches`) or of different batches, unless allowed."""
+    check_batches(a, b, allow_batch_mismatch)
+    ra, rb = load_records(a), load_records(b)
+    unlike = mismatches(a, b, ra, rb)
+    shown = "; ".join(unlike[:3]) + (f"; and {len(unlike) - 3} more" if len(unlike) > 3 else "")
+    check(allow_mismatch or not unlike,
+          f"compare: A={a} and B={b} are not runs of one experiment ({shown}): a paired delta would not be the "
+          f"drafter's effect. Compare runs that differ only in the drafter, or set compare.allow_mismatch=true to "
+          f"pair them anyway")
+    if unlike:
+        _log.warning(f"compare: pairing unlike runs (compare.allow_mismatch=true): {shown}")
+    return {"a": _label(a), "b": _label(b), **({"mismatch": unlike} if unlike else {}), **compare(ra, rb)}
 
 
 def run_compare(cfg, out_dir) -> dict:
     c = cfg.compare
     check(bool(c.a) and bool(c.b), "task=compare needs compare.a=DIR and compare.b=DIR (run directories)")
-    check_batches(c.a, c.b, bool(c.get("allow_batch_mismatch", False)))
-    result = compare_runs(c.a, c.b)
+    result = compare_runs(c.a, c.b, bool(c.get("allow_mismatch", False)), bool(c.get("allow_batch_mismatch", False)))
     md = compare_markdown(result)
     with claimed_for(out_dir, "compare") as d:       # never into another run's directory, nor while one runs there
         write_json(d / "compare.json", result)
