@@ -433,7 +433,7 @@ class DashboardConfig(Settings):
     project: str = "specexp"
     entity: str | None = None
     sweep_group: str | None = None
-    max_position: int | None = None
+    max_position: int | None = setting(None, *_int_or_null(1, MAX_BLOCK, "the largest block_size - 1 configured"))
     push: bool = False
 
 

@@ -176,6 +176,36 @@ def read_json(path) -> dict:
     return obj
 
 
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _bad_summary_entry(name: str, e) -> str | None:
+    if not isinstance(e, dict):
+        return f"{name} is {_a(type(e).__name__)}, expected an object"
+    for k, v in e.items():
+        if k.endswith("_ci95"):
+            if v is not None and not (isinstance(v, list) and len(v) == 2 and all(map(_finite, v))):
+                return f"{name}.{k} is {v!r:.40}; expected null or two finite numbers"
+        elif (k in ("tau", "speedup") or k.endswith("_ms")) and v is not None and not _finite(v):
+            return f"{name}.{k} is {v!r:.40}; expected null or a finite number"
+    return None
+
+
+def read_summary(path) -> dict:
+    """A run's summary.json as the readers of results use it (the report, its sweep tables): an object with a
+    `benchmarks` table {name: {...}} and a `macro` entry, whose τ, speedups, times and CIs are finite numbers (or
+    null); anything else (`{}`, a NaN, a string τ) is one line naming the file."""
+    s, path = read_json(path), Path(path)
+    why = None if isinstance(s.get("benchmarks"), dict) else "no 'benchmarks' table"
+    why = why or (None if isinstance(s.get("macro"), dict) else "no 'macro' entry")
+    for name, e in ([*s["benchmarks"].items(), ("macro", s["macro"])] if why is None else []):
+        why = why or _bad_summary_entry(name, e)
+    check(why is None, f"{path} is not a run summary ({why}); expected the summary.json that task=eval, task=replay "
+                       f"or task=merge writes: rerun what wrote it or leave the directory out")
+    return s
+
+
 def read_records(path: Path) -> tuple[list[dict], bool]:
     """The records of a samples.jsonl (or samples.jsonl.gz), and whether its tail was torn (an unterminated last
     line, dropped even when it parses: the writer did not finish it). Every other line must be a sample record with

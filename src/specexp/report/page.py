@@ -33,7 +33,7 @@ import yaml
 
 from .. import log
 from ..errors import check
-from ..eval.store import claimed_for, read_json
+from ..eval.store import claimed_for, read_json, read_summary
 from ..files import write_text_atomic
 from . import plots
 
@@ -96,7 +96,7 @@ def load_sweep(d: Path, name: str) -> Sweep:
     sweep = Sweep(name, d, keys or ["job"])
     for j, c in zip(jobs, cfgs):
         values = tuple(c.get(k) for k in keys) if keys else (j.name,)
-        sweep.jobs.append((values, j.name, _json(j / "summary.json")))
+        sweep.jobs.append((values, j.name, read_summary(j / "summary.json")))
     sweep.jobs.sort(key=lambda x: tuple((0, v) if isinstance(v, (int, float)) else (1, str(v)) for v in x[0]))
     return sweep
 
@@ -151,8 +151,8 @@ def collect(paths: list) -> Inputs:
             check("train_seconds" in card, f"report.runs: {raw} is not a training card (no train_seconds)")
             out.trainings.append(Training(label or _name(p.with_suffix(""), [t.name for t in out.trainings]), card))
         elif (p / "summary.json").is_file():
-            s = _json(p / "summary.json")
-            label = label or s.get("drafter", p.name) + (" (replay)" if s.get("mode") == "replay" else "")
+            s = read_summary(p / "summary.json")
+            label = label or str(s.get("drafter") or p.name) + (" (replay)" if s.get("mode") == "replay" else "")
             out.runs[label if label not in out.runs else f"{label} ({p.name})"] = s
         elif (p / "train_summary.json").is_file():
             card = _json(p / "train_summary.json")
