@@ -163,6 +163,12 @@ def test_merged_shards_are_the_unsharded_run(tmp_path):
     for i in range(3):
         shutil.copytree(tmp_path / f"s{i}", tmp_path / "sweep" / f"job{i}")
     assert merge_dirs(tmp_path / "sweep_out", tmp_path / "sweep") == merged
+    # a folder of links to the shards is a directory of runs too (a link cycle inside it ends)
+    (tmp_path / "links").mkdir()
+    for i in range(3):
+        (tmp_path / "links" / f"s{i}").symlink_to(tmp_path / f"s{i}", target_is_directory=True)
+    (tmp_path / "links" / "s0" / "loop").symlink_to(tmp_path / "links", target_is_directory=True)
+    assert merge_dirs(tmp_path / "links_out", tmp_path / "links") == merged
 
 
 def test_merge_refuses_what_is_not_one_finished_run_and_writes_nothing(tmp_path):
@@ -183,6 +189,10 @@ def test_merge_refuses_what_is_not_one_finished_run_and_writes_nothing(tmp_path)
     stale = tmp_path / "stale"
     shutil.copytree(s1, stale)
     write_json(stale / "summary.json", summarize_records(records(stale)[:1], NAMES, HEADER))
+    twice = tmp_path / "twice"
+    shutil.copytree(s1, twice)
+    with (twice / "samples.jsonl").open("a") as f:
+        f.write((twice / "samples.jsonl").read_text().splitlines()[0] + "\n")          # its first record again
     (tmp_path / "empty").mkdir()
     cases = [
         ([s0, other], f"merge.runs: {s0} and {other} are shards of different runs (seed: {s0} 0, {other} 1)"),
@@ -196,6 +206,8 @@ def test_merge_refuses_what_is_not_one_finished_run_and_writes_nothing(tmp_path)
                            f"finish it, then merge"),
         ([s0, torn], "(shard 1/2) is unfinished: its samples.jsonl ends in a torn line"),
         ([s0, short], "(shard 1/2) is unfinished: 1 of its 4 samples have no results, e.g. 'mt_bench/1'"),
+        ([s0, twice], f"{twice / 'samples.jsonl'} holds turn 0 of gsm8k/gsm8k/1 twice (shard 1/2); a run holds one "
+                      f"record a turn: rerun the shard's command"),
         ([s0, stale], "(shard 1/2) is unfinished: its summary.json counts other turns than its samples.jsonl holds"),
         ([s0, full], f"{full} is not a shard: its run.json has no eval.shard"),
         ([s0, tmp_path / "nothing"], f"merge.runs: {tmp_path / 'nothing'} is not a directory"),

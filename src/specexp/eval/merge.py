@@ -23,6 +23,7 @@ No model is loaded.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,22 @@ class ShardRun:
     info: dict | None
 
 
+def _runs_below(root: Path) -> list[Path]:
+    """The directories below `root` holding a run.json, symlinked directories followed (a folder of links to the
+    shards is a directory of runs) but each real directory visited once (a link cycle ends), hidden ones skipped."""
+    out, seen = [], set()
+    for here, dirs, names in os.walk(root, followlinks=True):
+        real = os.path.realpath(here)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs[:] = sorted(x for x in dirs if not x.startswith("."))
+        if RUN in names and Path(here) != root:
+            out.append(Path(here))
+    return out
+
+
 def run_dirs(entries) -> list[Path]:
     """The run directories that `merge.runs` names: each entry itself when it holds a run.json, else the run
     directories below it (any depth; hidden directories such as a launcher's .submitit/ skipped), sorted."""
@@ -63,8 +80,7 @@ def run_dirs(entries) -> list[Path]:
         if (d / RUN).is_file():
             out.append(d)
             continue
-        found = sorted(p.parent for p in d.rglob(RUN)
-                       if not any(x.startswith(".") for x in p.relative_to(d).parts))
+        found = sorted(_runs_below(d))
         check(bool(found), f"merge.runs: {entry} holds no {RUN}: neither a run directory nor a directory of runs")
         out += found
     seen: dict[Path, Path] = {}
@@ -115,6 +131,13 @@ def read_shard(d: Path) -> ShardRun:
     if missing:
         n = sum(map(len, plan.values()))
         raise _unfinished(d, shard, f"{len(missing)} of its {n} samples have no results, e.g. {missing[0][1]!r}")
+    repeated = next(((k, t) for k, t in turns.items() if len(set(t)) < len(t)), None)
+    if repeated:
+        (bench, i), t = repeated
+        turn = next(x for x in t if t.count(x) > 1)
+        raise UserError(f"{d / SAMPLES} holds turn {turn} of {bench}/{i} twice (shard {shard}); a run holds one "
+                        f"record a turn: rerun the shard's command (it drops the repeat and keeps the rest), then "
+                        f"merge")
     gaps = [k for k, t in turns.items() if sorted(t) != list(range(len(t)))]
     if gaps:
         raise _unfinished(d, shard, f"sample {gaps[0][1]!r} has turns {sorted(turns[gaps[0]])}")
