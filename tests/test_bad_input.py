@@ -426,6 +426,8 @@ CASES = [
          runs([_rec(1), _rec(2, turn="0")])),
     case("compare_corrupt_gz", COMPARE, "TMP/a/samples.jsonl.gz line 2 is corrupt (not JSON)",
          runs([_rec(1), "{corrupt", _rec(3)], packed=True)),
+    case("run_dir_name_too_long", [*SMALL, "hydra.run.dir=TMP/" + "d" * 300],
+         ("File name too long; choose a shorter path (a name has at most 255 bytes)",)),
     case("compare_unlike_target", COMPARE, ("A=TMP/a and B=TMP/b are not runs of one experiment (max_new_tokens: A 16, "
                                             "B 128; target.name: A 'tiny_qwen3', B 'smollm2_135m')",
                                             "or set compare.allow_mismatch=true"),
@@ -600,7 +602,8 @@ def test_a_full_disk_mid_run_is_one_line(tmp_path, monkeypatch, capsys):
     (run_dir / "metrics.csv").symlink_to("/dev/full")
     code, lines, err = run_cli([*SMALL, "logger=csv"], run_dir, monkeypatch, capsys)
     assert code == 2 and "Traceback" not in err, err[-3000:]
-    assert len(lines) == 1 and "cannot write: No space left on device" in lines[0], lines
+    assert len(lines) == 1 and f"cannot write {run_dir / 'metrics.csv'}: No space left on device; free some space and " \
+                               f"rerun the same command" in lines[0], lines
 
 
 # ---------------------------------------------------------------------------------------------- what is accepted

@@ -157,6 +157,67 @@ def test_overwrite_replaces_only_with_consent(tiny_target, cfg_factory, tmp_path
     assert not any((out / name).exists() for name in stale)             # no engine can load them instead
 
 
+def test_export_out_may_be_the_run_directory(tiny_target, cfg_factory, tmp_path):
+    """`export.out=X hydra.run.dir=X`: the run's own log (and lock) in X do not make it "not empty"; anything else
+    does."""
+    src = trained_like("dflash", tiny_target, cfg_factory, tmp_path / "src")
+    x = tmp_path / "X"
+    x.mkdir()
+    (x / "specexp.log").write_text("")                                  # what Hydra writes before the task runs
+    run_export("dflash", src, x, f"export.out={x}")
+    assert {"model.safetensors", "config.json", "export_summary.json"} <= {f.name for f in x.iterdir()}
+    (tmp_path / "Y").mkdir()
+    (tmp_path / "Y" / "notes.txt").write_text("mine")
+    with pytest.raises(specexp.UserError, match="is not empty; choose another directory"):
+        run_export("dflash", src, tmp_path / "Y", f"export.out={tmp_path / 'Y'}")
+
+
+def test_export_onto_a_full_disk_is_one_line_naming_the_file(tiny_target, cfg_factory, tmp_path, monkeypatch):
+    """safetensors reports a full disk as its own SafetensorError ("... (os error 28)"): it reaches the user as the
+    disk-full line every task gives (exit 2, the file named), and no half export is left at export.out."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    from specexp.__main__ import error_line
+
+    src = trained_like("dflash", tiny_target, cfg_factory, tmp_path / "src")
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    with pytest.raises(OSError) as e:
+        run_export("dflash", src, tmp_path / "run", f"export.out={tmp_path / 'exp'}")
+    line, code = error_line(e.value, tmp_path / "log")
+    assert code == 2 and "\n" not in line, line
+    assert line.startswith(f"cannot write {tmp_path / 'exp' / 'model.safetensors'}: No space left on device; free "
+                           f"some space"), line
+    assert not (tmp_path / "exp").exists() and not list(tmp_path.glob(".exp.*"))
+
+
+@pytest.mark.slow
+def test_export_past_a_file_size_limit_is_one_line(tiny_target, cfg_factory, tmp_path):
+    """A real write fault, not a stand-in: every file the export process writes is cut at 64 KiB (RLIMIT_FSIZE), the
+    weights are larger; one line naming the weights file, exit 2, nothing at export.out."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    src = trained_like("dflash", tiny_target, cfg_factory, tmp_path / "src")
+    assert (src / "model.safetensors").stat().st_size > 64 << 10
+    r = subprocess.run([sys.executable, "-m", "specexp", "task=export", *COMMON, "drafter=dflash",
+                        f"drafter.checkpoint={src}", f"export.out={tmp_path / 'exp'}",
+                        f"hydra.run.dir={tmp_path / 'r'}"],
+                       env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True, text=True, timeout=300,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10)))
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+    assert f"cannot write {tmp_path / 'exp' / 'model.safetensors'}: File too large; raise the file-size limit " \
+           f"(ulimit -f)" in lines[0], lines
+    assert not (tmp_path / "exp").exists() and not list(tmp_path.glob(".exp.*"))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_an_export_says_its_dtype_and_carries_no_remote_code(tiny_target, cfg_factory, tmp_path, dtype):
     src = trained_like("dflash", tiny_target, cfg_factory, tmp_path / "src")

@@ -25,7 +25,7 @@ _INFO_FLAGS, _INFO_CHOICES = {"--info", "-i"}, {"all", "config", "defaults", "de
 PASS_THROUGH = {"--help", "-h", "--hydra-help", "--version", "--shell-completion", "-sc", *_INFO_FLAGS}
 
 
-LOG_NAME = "specexp.log"            # Hydra's job log (hydra.job.name + .log): internal errors' tracebacks go there
+LOG_NAME = log.FILE                 # Hydra's job log (hydra.job.name + .log): internal errors' tracebacks go there
 ERROR_FILE = "error.txt"            # a multirun job's one-line error, in its own directory
 
 

@@ -742,6 +742,16 @@ def environment_error_message(e: OSError) -> str | None:
     if e.errno not in ENVIRONMENT_ERRNOS:
         return None
     what = f" {e.filename}" if e.filename else ""
-    return f"cannot write{what}: {e.strerror or os.strerror(e.errno)}; free some space or fix the permissions"
+    return f"cannot write{what}: {e.strerror or os.strerror(e.errno)}; {ENVIRONMENT_HINTS.get(e.errno, FIX)}"
+
+
+FIX = "fix the permissions or choose another directory"
+ENVIRONMENT_HINTS = {errno.ENOSPC: "free some space and rerun the same command",
+                     errno.EDQUOT: "free some space within your quota and rerun the same command",
+                     errno.EFBIG: "raise the file-size limit (ulimit -f) and rerun the same command",
+                     errno.ENAMETOOLONG: "choose a shorter path (a name has at most 255 bytes)",
+                     errno.EISDIR: "a directory stands where this file goes; move it away",
+                     errno.ENOTDIR: "a file stands where a directory of this path goes; move it away",
+                     errno.EROFS: "the file system is read-only; choose another directory"}
 
 

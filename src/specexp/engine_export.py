@@ -119,13 +119,15 @@ def check_push(ex) -> dict | None:
 
 def out_dir_of(ex, run_dir) -> Path:
     """`export.out`, else `<run dir>/model`; a file, or a non-empty directory without `export.overwrite=true`, is
-    refused."""
+    refused. A relative `export.out` is relative to the current directory (as every path of the command line), not
+    to the run directory; `export.out` may be the run directory itself (its log and lock do not count)."""
     out = Path(str(ex.out)).expanduser() if ex.get("out") else Path(run_dir) / "model"
     key = f"export.out={str(out)!r}" if ex.get("out") else f"the export directory {out}"
     check(not out.exists() or out.is_dir(), f"{key} is a file; expected a directory to write the drafter into")
     parent = next((p for p in out.parents if p.exists()), None)
     check(parent is None or parent.is_dir(), f"{key}: {parent} is a file, not a directory")
-    check(ex.get("overwrite") is True or not (out.is_dir() and any(out.iterdir())),
+    own = {log.FILE, ".lock"} if out.resolve() == Path(run_dir).resolve() else set()   # this run's, not an export
+    check(ex.get("overwrite") is True or not (out.is_dir() and any(f.name not in own for f in out.iterdir())),
           f"{key} is not empty; choose another directory, or set export.overwrite=true to replace the files "
           f"export writes there")
     return out
@@ -340,6 +342,10 @@ def write(p: Plan) -> list[str]:
         try:
             fill(tmp)
             os.replace(tmp, p.out)
+        except OSError as e:                # name the file the user asked for, not its temporary directory
+            if e.filename and str(e.filename).startswith(str(tmp)):
+                raise OSError(e.errno, e.strerror, str(p.out) + str(e.filename)[len(str(tmp)):]) from None
+            raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return sorted(n for n in (CONFIG, WEIGHTS, CARD, RECORD) if (p.out / n).is_file())

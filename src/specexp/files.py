@@ -17,6 +17,7 @@ import gzip
 import json
 import lzma
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -78,6 +79,20 @@ def check_new_file(path, key: str, overwrite: bool, overwrite_key: str) -> Path:
     return path
 
 
+_OS_ERROR = re.compile(r"\(os error (\d+)\)|code: (\d+)")
+
+
+def as_os_error(e: BaseException, path) -> OSError | None:
+    """An I/O fault reported by a library as its own exception (safetensors: `SafetensorError: ... (os error 28)`)
+    as the OSError it is, naming `path`, so that a full disk reads alike whoever wrote the file; None when `e`
+    carries no OS error code."""
+    if isinstance(e, OSError):
+        return None
+    m = _OS_ERROR.search(str(e))
+    code = int(m.group(1) or m.group(2)) if m else None
+    return OSError(code, os.strerror(code), str(path)) if code else None
+
+
 def replace_atomic(path: str | os.PathLike, write, durable: bool = False) -> None:
     """`write(tmp)` into a temporary file beside `path`, then rename it onto `path`. The temporary file lives in the
     same directory (os.replace is atomic only within one file system), is made as readable as any other file
@@ -90,12 +105,32 @@ def replace_atomic(path: str | os.PathLike, write, durable: bool = False) -> Non
         write(Path(tmp))
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno is not None and str(e.filename) == tmp:
+            raise OSError(e.errno, e.strerror, str(path)) from None     # the file meant, not its temporary name
+        translated = as_os_error(e, path)
+        if translated is not None:
+            raise translated from None
         raise
     if durable:
         _fsync_dir(path.parent)
+
+
+def append_text(path: str | os.PathLike, text: str, durable: bool = True) -> None:
+    """Append `text` (UTF-8) to `path` in one write, fsynced when `durable` (a crash then leaves at most a torn last
+    line). A fault while writing (a full disk) names `path`: a write error alone carries no file name."""
+    try:
+        with open(path, "a", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+    except OSError as e:
+        if e.filename or e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from None
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

@@ -15,6 +15,7 @@ import logging
 import sys
 
 LOG = logging.getLogger("specexp")
+FILE = "specexp.log"            # the run directory's log (hydra.job.name + .log, conf/hydra/job_logging/specexp.yaml)
 
 
 class _Console(logging.Handler):

@@ -23,7 +23,7 @@ import torch
 
 from . import log
 from .errors import one_of
-from .files import write_json, write_text_atomic
+from .files import append_text, write_json, write_text_atomic
 from .machine import cpu_info, describe
 from .paths import REPO_ROOT
 
@@ -129,12 +129,12 @@ class CSVLogger(NoLogger):
 
     def log(self, metrics, step=None):
         path = self.dir / "metrics.csv"
-        new = not path.exists()
-        with path.open("a", newline="") as f:
-            w = csv.writer(f)
-            if new:
-                w.writerow(["step", "key", "value"])
-            w.writerows([step, k, v] for k, v in metrics.items())
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        if not path.exists():
+            w.writerow(["step", "key", "value"])
+        w.writerows([step, k, v] for k, v in metrics.items())
+        append_text(path, buf.getvalue(), durable=False)
 
     def summary(self, summary):
         keys = ["num_samples", "num_turns", "tau", "speedup", "tpot_ms", "tpot_ar_ms", "ttft_ms", "lossless_mismatches"]

@@ -103,10 +103,7 @@ class ReferenceStore:
         refs = [r for r in refs if r["key"] not in self.refs]
         if not refs:
             return
-        with self.file.open("a") as f:
-            f.write("".join(json.dumps(r) + "\n" for r in refs))
-            f.flush()
-            os.fsync(f.fileno())
+        files.append_text(self.file, "".join(json.dumps(r) + "\n" for r in refs))
         self.refs.update((r["key"], r) for r in refs)
 
     def export(self, path: str | os.PathLike, samples) -> int:

@@ -366,10 +366,7 @@ class ResultStore:
         """All turns of one finished sample, in one write (fsynced): a crash leaves at most a torn last line."""
         if len({(r["benchmark"], r["id"]) for r in recs}) != 1:
             raise ValueError("ResultStore.append takes the records of exactly one sample")
-        with self.samples_file.open("a", encoding="utf-8") as f:
-            f.write("".join(json.dumps(r) + "\n" for r in recs))
-            f.flush()
-            os.fsync(f.fileno())
+        files.append_text(self.samples_file, "".join(json.dumps(r) + "\n" for r in recs))
         self.records += recs
 
     def close(self) -> None:

@@ -252,10 +252,7 @@ def regenerate(target, convs: list[Conversation], out_file: Path, batch_size: in
             resp = resp if stop is None else resp[: stop + 1]
             lines.append(json.dumps({"id": c.id, "prompt_ids": prompts[c.id], "response_ids": resp,
                                      "stopped": stop is not None}))
-        with out_file.open("a") as f:
-            f.write("".join(x + "\n" for x in lines))
-            f.flush()
-            os.fsync(f.fileno())
+        files.append_text(out_file, "".join(x + "\n" for x in lines))
         bar.update(len(batch))
     bar.close()
 
@@ -538,8 +535,5 @@ def import_regen(src: Path, target, convs: list[Conversation], out_file: Path, r
         lines.append(json.dumps({"id": id_, "prompt_ids": row[:p], "response_ids": row[p:], "stopped": stopped}))
     if lines:
         torn = out_file.exists() and out_file.stat().st_size and not out_file.read_bytes().endswith(b"\n")
-        with out_file.open("a") as f:
-            f.write("\n" * bool(torn) + "".join(x + "\n" for x in lines))
-            f.flush()
-            os.fsync(f.fileno())
+        files.append_text(out_file, "\n" * bool(torn) + "".join(x + "\n" for x in lines))
     return len(lines)
