@@ -428,6 +428,23 @@ CASES = [
          runs([_rec(1), "{corrupt", _rec(3)], packed=True)),
     case("run_dir_name_too_long", [*SMALL, "hydra.run.dir=TMP/" + "d" * 300],
          ("File name too long; choose a shorter path (a name has at most 255 bytes)",)),
+    case("delete_key", [*TINY, "~target.dtype"],
+         "~target.dtype: a key cannot be deleted, every run reads it; set it instead (target.dtype=VALUE; `python -m "
+         "specexp --cfg job` shows every key and its default)"),
+    case("delete_group", [*TINY, "~eval"],
+         "~eval: the eval group cannot be removed; choose one of its options instead: mini, paper"),
+    case("env_interpolation_is_a_string", [*TINY, "eval.max_new_tokens=${oc.env:SPECEXP_TEST_TOKENS}"],
+         "eval.max_new_tokens='8' is not valid; expected an int >= 1; at most 1,048,576 (eval.max_new_tokens is "
+         "${oc.env:SPECEXP_TEST_TOKENS}, which resolves to a string: write "
+         "eval.max_new_tokens='${oc.decode:${oc.env:SPECEXP_TEST_TOKENS}}' to read it as a number, bool or list)",
+         lambda tmp, bad, mp: mp.setenv("SPECEXP_TEST_TOKENS", "8")),
+    case("unquoted_non_ascii_path", [*TINY, "hydra.run.dir=TMP/résumé"],
+         "cannot read the override 'hydra.run.dir=TMP/résumé': a value with spaces, non-ASCII letters or quotes must "
+         "be quoted for Hydra inside the shell's quotes: \"hydra.run.dir='TMP/résumé'\""),
+    case("long_list_override", [*TINY, "eval.max_new_tokens=[" + ",".join(map(str, range(3000))) + "]"],
+         ("eval.max_new_tokens=[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", "… (3,000 items) is not valid; expected an int")),
+    case("unknown_flag", ["--bogus", *TINY],
+         "unknown flag --bogus: specexp takes key=value and group=option overrides, and Hydra's flags"),
     case("compare_unlike_target", COMPARE, ("A=TMP/a and B=TMP/b are not runs of one experiment (max_new_tokens: A 16, "
                                             "B 128; target.name: A 'tiny_qwen3', B 'smollm2_135m')",
                                             "or set compare.allow_mismatch=true"),
@@ -550,8 +567,9 @@ def files_under(root):
 
 @pytest.mark.parametrize("args, expected, setup", CASES)
 def test_bad_input_is_one_clear_line(args, expected, setup, bad, tmp_path, monkeypatch, capsys):
-    """Exit 2, exactly one line `specexp: error: ...` holding the expected fragments (the bad value and what would
-    be valid), no traceback, and not a file written or changed anywhere under the test's directory."""
+    """Exit 2, exactly one line `specexp: error: ...` of a readable length holding the expected fragments (the bad
+    value and what would be valid), no traceback, and not a file written or changed anywhere under the test's
+    directory."""
     if setup is not None:
         setup(tmp_path, bad, monkeypatch)
     monkeypatch.chdir(tmp_path)                       # a stray `outputs/` would land here, and be seen
@@ -560,6 +578,7 @@ def test_bad_input_is_one_clear_line(args, expected, setup, bad, tmp_path, monke
     code, lines, err = run_cli([fill(a) for a in args], tmp_path / "run", monkeypatch, capsys)
     assert code == 2 and "Traceback" not in err, err[-3000:]
     assert len(lines) == 1 and lines[0].startswith("specexp: error: "), lines
+    assert len(lines[0]) < 1500, f"a {len(lines[0]):,}-character line: cut what it quotes"
     for fragment in expected:
         assert fill(fragment) in lines[0], lines[0]
     assert files_under(tmp_path) == before
@@ -602,8 +621,8 @@ def test_a_full_disk_mid_run_is_one_line(tmp_path, monkeypatch, capsys):
     (run_dir / "metrics.csv").symlink_to("/dev/full")
     code, lines, err = run_cli([*SMALL, "logger=csv"], run_dir, monkeypatch, capsys)
     assert code == 2 and "Traceback" not in err, err[-3000:]
-    assert len(lines) == 1 and f"cannot write {run_dir / 'metrics.csv'}: No space left on device; free some space and " \
-                               f"rerun the same command" in lines[0], lines
+    assert len(lines) == 1 and f"cannot write {run_dir / 'metrics.csv'}: No space left on device; free some space " \
+                               f"and rerun the same command" in lines[0], lines
 
 
 # ---------------------------------------------------------------------------------------------- what is accepted
@@ -761,6 +780,30 @@ def test_sweep_goes_on_past_a_failing_job(launcher, tmp_path, monkeypatch, capsy
     assert code == 0 and not list(sweep_dir.rglob("error.txt")), err[-3000:]
     table = json.loads((sweep_dir / "multirun.json").read_text())
     assert [(j["swept"]["seed"], j["error"]) for j in table["jobs"]] == [("0", None), ("5", None), ("1", None)]
+
+
+def test_sweep_runs_the_jobs_that_compose_and_lists_the_others(tmp_path, monkeypatch, capsys):
+    """`-m drafter=dflash,none drafter.init=random`: the `none` drafter has no `init` key, so its jobs cannot be
+    composed. They are set aside (an error.txt and command.json each under uncomposed/), the dflash jobs run, and the
+    sweep ends with its table and one line listing the set-aside jobs (exit 2)."""
+    sweep_dir = tmp_path / "sweep"
+    tiny = [a for a in TINY if not a.startswith(("drafter=", "eval.max_new_tokens="))]
+    args = ["-m", "drafter=dflash,none", "eval.max_new_tokens=2,3", *tiny, "drafter.init=random",
+            f"hydra.sweep.dir={sweep_dir}"]
+    code, lines, err = run_cli(args, tmp_path / "unused", monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err, err[-3000:]
+    why = ("cannot compose this job's config (Could not override 'drafter.init': Key 'init' is not in struct, an "
+           "option this job chose has no such key); the sweep went on without it")
+    assert lines == [f"specexp: error: 2 job(s) of the sweep failed (each one's line is in its error.txt under "
+                     f"{sweep_dir}): job uncomposed/2: {why}; job uncomposed/3: {why}"], lines
+    for job in ("0", "1"):                                               # the two dflash jobs ran
+        assert json.loads((sweep_dir / job / "summary.json").read_text())["drafter"] == "dflash"
+    assert (sweep_dir / "uncomposed" / "2" / "error.txt").read_text() == why + "\n"
+    rerun = json.loads((sweep_dir / "uncomposed" / "3" / "command.json").read_text())["overrides"]
+    assert "drafter=none" in rerun and "eval.max_new_tokens=3" in rerun
+    table = json.loads((sweep_dir / "multirun.json").read_text())
+    assert [(j["job"], j["error"] is None) for j in table["jobs"]] == [("0", True), ("1", True),
+                                                                       ("uncomposed/2", False), ("uncomposed/3", False)]
 
 
 def test_internal_error_is_one_line_with_the_log(tmp_path, monkeypatch, capsys):

@@ -67,6 +67,59 @@ def test_issue_command_writes_the_contract(tmp_path):
 
 
 @pytest.mark.slow
+def test_rerun_line_runs_in_a_shell_for_a_directory_with_spaces_and_accents(tmp_path):
+    """A run directory named with a space and non-ASCII letters: unquoted, one line saying how to quote it; quoted
+    for Hydra, it runs, and the `rerun` line of its command.json, given to a shell as it is, resumes it (nothing
+    left to run: samples.jsonl unchanged)."""
+    d = tmp_path / "résumé 1"
+    run = ["target=tiny_qwen3", "drafter=none", "benchmark=gsm8k", "eval.num_samples=1", "eval.max_new_tokens=4",
+           "logger=none", "eval.progress=false"]
+    r = cli(*run, f"hydra.run.dir={d}")
+    assert r.returncode == 2 and f"a value with spaces, non-ASCII letters or quotes must be quoted for Hydra " \
+                                 f"inside the shell's quotes: \"hydra.run.dir='{d}'\"" in r.stderr, r.stderr[-2000:]
+    r = cli(*run, f"hydra.run.dir='{d}'")
+    assert r.returncode == 0, r.stderr[-2000:]
+    samples = (d / "samples.jsonl").read_bytes()
+    line = json.loads((d / "command.json").read_text(encoding="utf-8"))["rerun"]
+    assert line.startswith("python -m specexp ")
+    again = subprocess.run(["bash", "-c", shlex.quote(sys.executable) + line.removeprefix("python")], cwd=ROOT,
+                           env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0 and (d / "samples.jsonl").read_bytes() == samples, again.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_one_line_and_the_rerun_says_it_resumes(tmp_path):
+    """Ctrl-C (SIGINT) mid-eval: one line saying how many samples are kept, exit 130, no traceback; the same
+    command then says on the console and in specexp.log that it resumes, and runs only the rest."""
+    import signal
+    import time
+
+    d = tmp_path / "run"
+    run = [sys.executable, "-m", "specexp", "target=tiny_qwen3", "drafter=none", "benchmark=gsm8k",
+           "eval.num_samples=24", "eval.max_new_tokens=48", "logger=none", "eval.progress=false", "eval.warmup=0",
+           f"hydra.run.dir={d}"]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.Popen(run, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not ((d / "samples.jsonl").exists() and (d / "samples.jsonl").stat().st_size):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    kept = len({json.loads(x)["id"] for x in (d / "samples.jsonl").read_text().splitlines() if x.endswith("}")})
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert proc.returncode == 130 and "Traceback" not in err and len(lines) == 1, err[-3000:]
+    assert lines[0] == (f"specexp: error: interrupted (Ctrl-C) after {kept} of 24 samples; rerun the same command "
+                        f"to resume (finished samples are kept in {d})")
+    assert 1 <= kept < 24
+    again = subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    said = f"resuming {d}: {kept} of 24 samples kept, {24 - kept} to run"
+    assert again.returncode == 0 and said in again.stdout, again.stderr[-2000:]
+    assert said in (d / "specexp.log").read_text()
+    assert len((d / "samples.jsonl").read_text().splitlines()) == 24
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("args, expected", [
     (["drafter=foo"], "drafter=foo is not an option; choose one of: " + ", ".join(groups()["drafter"])),
     (["target=qwen3_9b"], "choose one of: hf, qwen3_4b, qwen3_8b, smollm2_135m, tiny_qwen3"),
@@ -202,3 +255,13 @@ def test_precheck_leaves_hydras_own_flags_to_hydra():
         precheck(["install=bash"])                                              # without -sc it is an override
     with pytest.raises(UserError, match="drafter=foo is not an option"):
         precheck(["--cfg", "job", "drafter=foo"])                               # --cfg composes: still checked
+
+
+@pytest.mark.parametrize("value", ["/tmp/runs/a-1_b.2", "/tmp/résumé 1", "it's", "a\\b", "a\\'b", "null", "", "a,b=c"])
+def test_hydra_quote_reads_back_as_the_same_value(value):
+    """The rerun line's hydra.run.dir: Hydra's parser gives back exactly the directory, whatever its characters."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from specexp.overrides import hydra_quote
+
+    assert OverridesParser.create().parse_overrides([f"hydra.run.dir={hydra_quote(value)}"])[0].value() == value

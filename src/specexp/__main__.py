@@ -38,9 +38,29 @@ def error_line(e: Exception, log: Path) -> tuple[str, int]:
     return f"internal error: {type(e).__name__}: {cli.first_line(e)} (full traceback in {where})", 1
 
 
+def interrupted_line(out_dir=None) -> str:
+    """The one line of a Ctrl-C: for a run with samples, how many are kept; and how to go on."""
+    kept = ""
+    if out_dir is not None:
+        try:
+            from .eval.store import RUN, read_json, read_records, samples_path
+
+            plan, path = read_json(Path(out_dir) / RUN).get("samples") or {}, samples_path(out_dir)
+            done = {(r["benchmark"], r["id"]) for r in read_records(path)[0]} if path is not None else set()
+            total = sum(len(ids) for ids in plan.values())
+            kept = f" after {len(done & {(b, i) for b, ids in plan.items() for i in ids})} of {total} samples" \
+                if total else ""
+        except Exception:           # no run.json yet, or unreadable: the line says less, never more
+            kept = ""
+    return f"interrupted (Ctrl-C){kept}; rerun the same command to resume" + (
+        f" (finished samples are kept in {out_dir})" if kept else "")
+
+
 def _job(cfg: DictConfig, out_dir: str):
     try:
         return sweeper_metric(run_task(cfg, out_dir))
+    except KeyboardInterrupt:
+        fail(interrupted_line(out_dir), 130)
     except Exception as e:          # the last resort: no traceback reaches the terminal (error_line)
         fail(*error_line(e, Path(out_dir) / cli.LOG_NAME))
 
@@ -52,6 +72,8 @@ def _sweep_job(cfg: DictConfig, out_dir: str, num: int):
     error.unlink(missing_ok=True)   # a resumed sweep: only this attempt's outcome counts
     try:
         return sweeper_metric(run_task(cfg, out_dir))
+    except KeyboardInterrupt:       # the whole sweep stops; a rerun resumes every job
+        fail(interrupted_line(out_dir), 130)
     except Exception as e:
         message, _ = error_line(e, Path(out_dir) / cli.LOG_NAME)
         cli.record_job_error(error, message)
@@ -81,6 +103,8 @@ def _main() -> None:
 def main() -> None:
     try:
         _main()
+    except KeyboardInterrupt:
+        fail(interrupted_line(), 130)
     except Exception as e:          # before or after any job (no run directory): the traceback goes to a temp file
         import tempfile
 

@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 
 from . import log
 from .config import unknown_key_message
-from .errors import UserError
+from .errors import UserError, clip
+from .overrides import PLAIN_VALUE, hydra_quote
 from .paths import CONF_DIR
 
 # Hydra flags that take a value as the next argument (--info takes one only when it names what to show).
@@ -291,27 +292,62 @@ REFUSED_FLAGS = {"--experimental-rerun": "it unpickles FILE (a crafted file runs
                                          "line instead (the run directory's config.yaml records the config)"}
 
 
+# Every flag Hydra's command line knows (hydra/_internal/utils.py get_args_parser); any other is one line.
+KNOWN_FLAGS = {*_FLAGS_WITH_VALUE, *PASS_THROUGH, "--multirun", "-m", "--run", "-r", "--resolve"}
+
+
 def _check_flags(argv: list[str]) -> None:
     for a in argv:
         flag = a.split("=", 1)[0]
         if flag in REFUSED_FLAGS:
             raise UserError(f"{flag} is refused: {REFUSED_FLAGS[flag]}")
+        if a.startswith("-") and flag not in KNOWN_FLAGS:
+            raise UserError(f"unknown flag {clip(a, 60)}: specexp takes key=value and group=option overrides, and "
+                            f"Hydra's flags (-m/--multirun, --cfg job, --info, --config-name NAME, ...; "
+                            f"`python -m specexp --hydra-help` lists them)")
+
+
+def parse_overrides(overrides: list[str]):
+    """Hydra's parse of the overrides, or one line naming the one it cannot read (cut to a readable length) and, for
+    a value with spaces or non-ASCII characters, how to quote it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    try:
+        return parser.parse_overrides(overrides)
+    except HydraException as e:
+        bad = next((o for o in overrides if not _parses(parser, o)), None)
+        if bad is None:
+            raise UserError(clip(_first_line(e), 300)) from None
+        key, _, value = bad.partition("=")
+        if not PLAIN_VALUE.fullmatch(value) and not value.startswith(("'", '"', "[", "{", "${")):
+            raise UserError(f"cannot read the override {clip(bad, 300)!r}: a value with spaces, non-ASCII letters or "
+                            f"quotes must be quoted for Hydra inside the shell's quotes: "
+                            f"\"{key}={hydra_quote(clip(value, 300))}\"") from None
+        raise UserError(f"cannot read the override {clip(bad)!r} ({clip(_first_line(e), 120)})") from None
+
+
+def _parses(parser, override: str) -> bool:
+    from hydra.errors import HydraException
+
+    try:
+        parser.parse_overrides([override])
+    except HydraException:
+        return False
+    return True
 
 
 def precheck(argv: list[str]) -> None:
     """Validate group options and keys of the command line against the conf tree; exit with one line. Hydra's own
     flags that run nothing (help, --info, shell completion) are left to Hydra."""
     from hydra import compose, initialize_config_dir
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     _check_flags(argv)
     if passes_through(argv):
         return
-    try:
-        parsed = OverridesParser.create().parse_overrides(_overrides(argv))
-    except HydraException as e:
-        raise UserError(_first_line(e))
+    parsed = parse_overrides(_overrides(argv))
     _check_output_dir(parsed, multirun=any(a in ("-m", "--multirun") for a in argv))
     _check_launcher(parsed)
     options = groups()
@@ -320,11 +356,17 @@ def precheck(argv: list[str]) -> None:
         key = o.key_or_group
         if key.startswith("hydra") or o.package is not None:
             continue
-        if key in options and not o.is_delete():
+        if o.is_delete():             # every task reads its whole config (config.py): a missing key is a crash later
+            raise UserError(
+                f"~{key}: the {key} group cannot be removed; choose one of its options instead: "
+                f"{', '.join(options[key])}" if key in options else
+                f"~{key}: a key cannot be deleted, every run reads it; set it instead ({key}=VALUE; `python -m "
+                f"specexp --cfg job` shows every key and its default)")
+        if key in options:
             values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
             for v in values:
                 if str(v) not in options[key]:
-                    raise UserError(f"{key}={v} is not an option; choose one of: {', '.join(options[key])}")
+                    raise UserError(f"{key}={clip(v)} is not an option; choose one of: {', '.join(options[key])}")
             group_args.append(f"{o.get_key_element()}={values[0]}")
     if any(a in ("--config-name", "-cn", "--config-dir", "-cd") or a.startswith(("--config-name=", "--config-dir="))
            for a in argv):

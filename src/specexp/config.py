@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -579,6 +580,29 @@ def validate(cfg, job: dict | None = None) -> None:
     def unknown(key: str) -> str:
         return unknown_key_message(tree, key, _source(key, job))
 
+    try:
+        _check_values(values, own, settings, drafter, unknown)
+    except UserError as e:
+        raise UserError(str(e) + _interpolation_hint(cfg, str(e))) from None
+
+
+def _interpolation_hint(cfg, message: str) -> str:
+    """When the refused value came from an interpolation that resolves to a string (`${oc.env:N}` gives '8'), how
+    to read it as the number, bool or list the key takes; else ""."""
+    key = message.split("=", 1)[0]
+    if not OmegaConf.is_config(cfg) or not re.fullmatch(r"[\w.]+", key) or "=" not in message:
+        return ""
+    raw: object = OmegaConf.to_container(cfg, resolve=False)
+    for part in key.split("."):
+        raw = raw.get(part) if isinstance(raw, dict) else None
+    if not (isinstance(raw, str) and raw.startswith("${") and raw.endswith("}")) or "oc.decode" in raw:
+        return ""
+    return (f" ({key} is {raw}, which resolves to a string: write {key}='${{oc.decode:{raw}}}' to read it as a "
+            f"number, bool or list)")
+
+
+def _check_values(values: dict, own: set, settings, drafter, unknown) -> None:
+    """The checks of `validate` on the resolved values."""
     for group in TASK_GROUPS:
         if group in values and group not in own:
             raise UserError(unknown(group))      # export.* etc. belong to their task's preset

@@ -5,6 +5,13 @@ class UserError(Exception):
     """A mistake in the user's input (config, checkpoint, data). Printed as one line by the CLI."""
 
 
+def clip(text, limit: int = 120) -> str:
+    """`text` as an error line may quote it: at most `limit` characters, saying how long it was (a 3,000-item list
+    override must not make a 17 KB line)."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
+
 def check(cond: bool, message: str) -> None:
     if not cond:
         raise UserError(message)

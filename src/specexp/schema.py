@@ -198,8 +198,14 @@ def _expected(annotation) -> str:
     return " or ".join(names)
 
 
-def _fmt(v) -> str:
-    return "null" if v is None else repr(v)
+def _fmt(v, limit: int = 300) -> str:
+    """A value as an error line shows it: null for None, else its repr, cut to `limit` characters (a 3,000-item
+    list override must not become a 17 KB line), saying how many items or characters it had."""
+    text = "null" if v is None else repr(v)
+    if len(text) <= limit:
+        return text
+    size = f"{len(v):,} items" if isinstance(v, (list, dict, tuple)) else f"{len(text):,} characters"
+    return f"{text[:limit]}… ({size})"
 
 
 def key_tree(cls) -> dict:

@@ -25,6 +25,7 @@ from . import log
 from .errors import one_of
 from .files import append_text, write_json, write_text_atomic
 from .machine import cpu_info, describe
+from .overrides import hydra_quote
 from .paths import REPO_ROOT
 
 PACKAGES = ("specexp", "torch", "transformers", "tokenizers", "hydra-core", "omegaconf", "lightning", "triton",
@@ -79,7 +80,7 @@ def command_record(out_dir, job: dict | None, argv: list[str] | None) -> dict:
             flags += [a] if "=" in a else args[i:i + 1 + _KEPT_FLAGS[name]]
     if not argv and job.get("config_name") not in (None, "config"):
         flags = ["--config-name", str(job["config_name"])]
-    rerun = ["python", "-m", "specexp", *flags, *overrides, f"hydra.run.dir={out_dir}"]
+    rerun = ["python", "-m", "specexp", *flags, *overrides, f"hydra.run.dir={hydra_quote(str(out_dir))}"]
     return {"argv": list(argv) if argv else None,
             "command": shlex.join(["python", "-m", "specexp", *argv[1:]]) if argv else None,
             "cwd": os.getcwd(), "overrides": overrides, "rerun": shlex.join(rerun)}

@@ -35,11 +35,12 @@ import math
 import os
 from pathlib import Path
 
-from .. import files
+from .. import files, log
 from ..errors import UserError, check
 from ..files import write_json, write_text_atomic
 from ..tracking import record_command
 
+_log = log.get(__name__)
 FORMAT = 2                   # run.json layout; format 1 (a flat fingerprint, no samples) is refused as different
 LOCK, RUN, SAMPLES, SUMMARY = ".lock", "run.json", "samples.jsonl", "summary.json"
 
@@ -318,8 +319,13 @@ class ResultStore:
                                f"or rerun with the recorded settings to resume")
         # Claimed from here on: repair, then record what this run is.
         self.records = self._complete(records)
+        dropped = len(records) - len(self.records) + bool(torn)
         if torn or len(self.records) != len(records):
             write_text_atomic(self.samples_file, "".join(json.dumps(r) + "\n" for r in self.records))
+        if has_results and self.turns is not None:          # said on the console and in specexp.log
+            kept, total = len(self.done()), len(self.turns)
+            _log.info(f"resuming {self.dir}: {kept} of {total} samples kept, {total - kept} to run"
+                      + (f" ({dropped} unfinished record(s) dropped)" if dropped else ""))
         write_json(run_file, wanted)
         record_command(self.dir)            # command.json: the command line that wrote (or resumed) the run
         self._lock.seek(0)
