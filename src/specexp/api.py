@@ -146,7 +146,7 @@ class Pipeline:
                  decoding: str | None = None, temperature: float | None = None, seed: int | None = None
                  ) -> list[Output]:
         """Generate for each prompt (one prompt alone is also accepted) with the drafter, batch size 1.
-        `decoding`: greedy | A | B (default: the config's `decoding.protocol`); `temperature` for A and B;
+        `decoding`: greedy | A | B | block (default: the config's `decoding.protocol`); `temperature` for A, B, block;
         `max_new_tokens`: default `eval.max_new_tokens`; `seed`: default the config's (sampling only)."""
         with self._lock:        # one engine, one drafter state: calls from several threads take turns
             return self._generate(prompts, max_new_tokens, decoding, temperature, seed)

@@ -185,9 +185,9 @@ class BenchmarkConfig(Settings):
 
 @frozen
 class DecodingConfig(Settings):
-    """`decoding`: greedy (T = 0) or a sampling protocol (A, B: T > 0)."""
+    """`decoding`: greedy (T = 0) or a sampling protocol (A, B, block: T > 0; decoding/verify.py)."""
     KEY = "decoding"
-    protocol: str = choice("greedy", "A", "B")
+    protocol: str = choice("greedy", "A", "B", "block")
     temperature: float = setting(0.0, is_num(0), "a finite number >= 0")
 
     @classmethod
@@ -195,7 +195,8 @@ class DecodingConfig(Settings):
         protocol, temp = mine.get("protocol"), mine.get("temperature")
         if (protocol == "greedy") != (temp == 0):
             raise UserError(f"decoding.protocol={protocol} with decoding.temperature={temp}: greedy needs T=0 and "
-                            f"protocols A/B need T>0 (use decoding=greedy, decoding=sample_a or decoding=sample_b)")
+                            f"protocols A/B/block need T>0 (use decoding=greedy, decoding=sample_a, decoding=sample_b "
+                            f"or decoding=sample_block)")
 
 
 def _by_batch(v) -> bool:

@@ -162,15 +162,15 @@ def test_trees_are_refused_at_batch(cfg_factory, tiny_target, static):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dflash", "dels_rnn"])
-def test_protocol_b_keeps_the_target_distribution_at_batch_4(cfg_factory, name):
+@pytest.mark.parametrize("name, protocol", [("dflash", "B"), ("dels_rnn", "B"), ("dels_rnn", "block")])
+def test_sampled_drafts_keep_the_target_distribution_at_batch_4(cfg_factory, name, protocol):
     """Four rows decode the same prompt side by side from one sampling stream; the first tokens' joint distribution
     is the target's (χ², as the batch-1 test in tests/drafters/test_matrix.py)."""
     t = micro_target()
     cfg = cfg_factory(f"drafter={name}", "drafter.init=random", *STRONG.get(name, []))
     drafter = registry.build_drafter(cfg.drafter, t)
     steps, n_runs, temp = 3, 1500, 1.0
-    dc = DecodeConfig(protocol="B", temperature=temp, max_new_tokens=steps + 1)
+    dc = DecodeConfig(protocol=protocol, temperature=temp, max_new_tokens=steps + 1)
     jobs = [Prompt([0, 1]) for _ in range(n_runs)]
     speculate_batched(StaticTarget.of(t), drafter, jobs, dc, 4, lambda j: None, torch.Generator().manual_seed(99))
     counts, accepted = {}, 0
@@ -180,7 +180,7 @@ def test_protocol_b_keeps_the_target_distribution_at_batch_4(cfg_factory, name):
         accepted += sum(a - 1 for a in job.gen.accept_lengths)
     assert accepted > n_runs // 20, accepted
     pvalue = chi2_pvalue(exact_sequence_probs(t, [0, 1], steps, temp), counts, n_runs)
-    assert pvalue > 1e-3, (name, pvalue)
+    assert pvalue > 1e-3, (name, protocol, pvalue)
 
 
 def test_a_growth_mid_round_keeps_the_uncounted_blocks(tiny_target, static):

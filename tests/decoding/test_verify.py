@@ -1,5 +1,7 @@
-"""Protocols A and B preserve the target distribution (χ² against the exact distribution of a toy bigram
-target, with a draft model that differs from it), and a broken rule is caught by the same test."""
+"""Protocols A, B and block verification preserve the target distribution (χ² against the exact distribution of a
+toy bigram target, with a draft model that differs from it), and a broken rule is caught by the same test. Block
+verification is also checked exactly: the distribution of a round's output (the target continuing after it) is
+enumerated over every draft block, and its expected accepted length compared with protocol B's."""
 import itertools
 
 import pytest
@@ -52,7 +54,7 @@ def sample_sequences(protocol, monkeypatch=None, k=3):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("protocol", ["A", "B"])
+@pytest.mark.parametrize("protocol", ["A", "B", "block"])
 def test_protocol_preserves_target_distribution(protocol):
     pvalue, accepted = sample_sequences(protocol)
     assert accepted > N // 4, "drafts must actually be accepted for the test to mean anything"
@@ -92,3 +94,91 @@ def test_rules_on_hand_made_logits():
     logits_zero = torch.tensor([[0.0, 0.0, -1e9], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     v = V.protocol_b(logits_zero, torch.tensor([2, 0]), q_bad, 1.0, g)
     assert v.n == 0 and v.bonus in (0, 1) and v.anchor.tolist() == [v.bonus]  # the residual excludes the rejected token
+
+
+# ------------------------------------------------------------------------------------- block verification, exactly
+def _round(rule, p, q, d):
+    """[(n, P(n), bonus distribution)] of one verification of drafts `d` under `rule` ("B" or "block"), from the
+    target's rows `p [K+1, V]` and the drafter's `q [K, V]` (float64)."""
+    k = len(d)
+    if rule == "B":
+        acc = [min(1.0, float(p[i, d[i]] / q[i, d[i]])) for i in range(k)]
+        out, run = [], 1.0
+        for n in range(k + 1):
+            stop = run * (1 - acc[n]) if n < k else run
+            res = (p[n] - q[n]).clamp_min(0) if n < k else p[k]
+            out.append((n, stop, res / res.sum() if res.sum() > 1e-15 else p[n]))
+            run *= acc[n] if n < k else 1.0
+        return out
+    h, w = V.block_weights(p, q, torch.tensor(d))
+    out = []
+    for n in range(k + 1):                                    # n = the largest i with u_i <= h_i
+        prob = (1.0 if n == 0 else float(h[n - 1])) * float(torch.prod(1 - h[n:]))
+        res = (w[n] * p[n] - q[n]).clamp_min(0) if n < k else p[k]
+        out.append((n, prob, res / res.sum() if res.sum() > 1e-15 else p[n]))
+    return out
+
+
+def _exact_round(rule, target, draft, k, vocab):
+    """The exact distribution of the first k+1 tokens after token 0 (one round of `rule` over every draft block,
+    weighted by its q-probability, then the target's own continuation), and the expected drafts accepted."""
+    P, Q = torch.softmax(target, -1), torch.softmax(draft, -1)
+
+    def seq_prob(prev, seq):
+        pr = 1.0
+        for t in seq:
+            pr, prev = pr * float(P[prev, t]), t
+        return pr
+
+    dist, accepted = {}, 0.0
+    for d in itertools.product(range(vocab), repeat=k):
+        ctx = [0, *d]
+        qd = 1.0
+        for a, b in zip(ctx, ctx[1:]):
+            qd *= float(Q[a, b])
+        p, q = P[ctx], Q[ctx[:k]]                                                  # [K+1, V], [K, V]
+        for n, prob, bonus in _round(rule, p, q, list(d)):
+            accepted += qd * prob * n
+            for y in range(vocab):
+                head = [*d[:n], y]
+                mass = qd * prob * float(bonus[y])
+                for tail in itertools.product(range(vocab), repeat=k + 1 - len(head)):
+                    key = (*head, *tail)
+                    dist[key] = dist.get(key, 0.0) + mass * seq_prob(y, tail)
+    exact = {s: seq_prob(0, s) for s in itertools.product(range(vocab), repeat=k + 1)}
+    return max(abs(dist.get(s, 0.0) - e) for s, e in exact.items()), accepted
+
+
+def test_block_verification_is_exact_and_accepts_at_least_protocol_b():
+    """On toy bigram targets and drafters (3 seeds, V = 3, K = 3): a round of block verification followed by the
+    target's own sampling gives the target's distribution of the first K+1 tokens exactly (as protocol B does), and
+    block's expected accepted drafts, over the drafts q samples, are at least B's, strictly more where q is poor."""
+    gains = []
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        target = torch.randn(3, 3, generator=g, dtype=torch.float64) * 2.0
+        draft = target + torch.randn(3, 3, generator=g, dtype=torch.float64) * 3.0
+        err_b, acc_b = _exact_round("B", target, draft, 3, 3)
+        err_block, acc_block = _exact_round("block", target, draft, 3, 3)
+        assert err_b < 1e-12 and err_block < 1e-12, (seed, err_b, err_block)
+        assert acc_block >= acc_b - 1e-12, (seed, acc_block, acc_b)
+        gains.append(acc_block - acc_b)
+    assert max(gains) > 0.05, gains                 # the test must be able to tell the rules apart
+
+
+def test_block_verification_with_a_wrong_end_probability_is_caught():
+    """Negative control for the exact test: ending where the weight says (h_i = w_i), not at r/(r + 1 - w), is not
+    the target's distribution."""
+    import unittest.mock
+
+    def wrong(p, q, drafts):
+        h, w = real(p, q, drafts)
+        return w[1:].clone(), w
+
+    real = V.block_weights
+    with unittest.mock.patch.object(V, "block_weights", wrong):
+        g = torch.Generator().manual_seed(1)
+        target = torch.randn(3, 3, generator=g, dtype=torch.float64) * 2.0
+        err, _ = _exact_round("block", target, target + torch.randn(3, 3, generator=g, dtype=torch.float64) * 3.0,
+                              3, 3)
+    assert err > 1e-3

@@ -1,7 +1,7 @@
 """The generic contract, checked for every drafter in the registry (a new drafter joins by registering):
-greedy output equals the target's own greedy output token for token; protocol B keeps the target's sequence
-distribution (χ² against exact enumeration on a 5-token Qwen3); where a drafter has a CUDA-graph path, replaying
-its captured body (run eagerly on CPU) drafts exactly what the eager loop drafts.
+greedy output equals the target's own greedy output token for token; protocol B and block verification keep the
+target's sequence distribution (χ² against exact enumeration on a 5-token Qwen3); where a drafter has a CUDA-graph
+path, replaying its captured body (run eagerly on CPU) drafts exactly what the eager loop drafts.
 
 Drafter-specific behaviour (fusion formulas, edit rules, alignments, kernels) is tested in each drafter's file."""
 import pytest
@@ -35,12 +35,15 @@ def test_greedy_equals_autoregressive(cfg_factory, tiny_target, name):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["B", "block"])
 @pytest.mark.parametrize("name", NAMES)
-def test_protocol_b_keeps_the_target_distribution(cfg_factory, name):
+def test_sampled_drafts_keep_the_target_distribution(cfg_factory, name, protocol):
+    """Protocol B and block verification (both verify drafts sampled from the drafter's q, every row of which block
+    verification reads)."""
     t = micro_target()
     drafter = build(cfg_factory, t, name)
     steps, n_runs, temp = 3, 1500, 1.0
-    dc = DecodeConfig(protocol="B", temperature=temp, max_new_tokens=steps + 1)
+    dc = DecodeConfig(protocol=protocol, temperature=temp, max_new_tokens=steps + 1)
     gen = torch.Generator().manual_seed(1234)
     counts, accepted = {}, 0
     for _ in range(n_runs):
@@ -50,7 +53,7 @@ def test_protocol_b_keeps_the_target_distribution(cfg_factory, name):
         accepted += sum(a - 1 for a in out.accept_lengths)
     assert accepted > n_runs // 20, accepted        # drafts are accepted: the test exercises acceptance
     pvalue = chi2_pvalue(exact_sequence_probs(t, [0, 1], steps, temp), counts, n_runs)
-    assert pvalue > 1e-3, (name, pvalue)
+    assert pvalue > 1e-3, (name, protocol, pvalue)
 
 
 @pytest.mark.slow

@@ -37,7 +37,7 @@ from ..clock import now
 from ..drafters.base import Sampling, fork
 from ..errors import check
 from .engine import DecodeConfig, Generation, drafts_per_round
-from .verify import PROTOCOLS, Verdict, verify
+from .verify import PROTOCOLS, SAMPLED_DRAFTS, Verdict, verify
 
 
 class Job(Protocol):
@@ -138,11 +138,12 @@ def speculate_batched(target, drafter, jobs: Iterable[Job], dc: DecodeConfig, ba
         drafting = [b for b in live if ks[b] > 0]
         if drafting and hasattr(drafter, "prepare_rows"):          # one batched pass for every row's proposal
             drafter.prepare_rows([rows[b].drafter for b in drafting], [rows[b].token for b in drafting],
-                                 [rows[b].start for b in drafting], [ks[b] for b in drafting], dc.protocol != "B")
+                                 [rows[b].start for b in drafting], [ks[b] for b in drafting],
+                                 dc.protocol not in SAMPLED_DRAFTS)
         props = [None] * batch_size
         for b in drafting:
             r = rows[b]
-            sampling = Sampling(dc.temperature, r.generator) if dc.protocol == "B" else None
+            sampling = Sampling(dc.temperature, r.generator) if dc.protocol in SAMPLED_DRAFTS else None
             props[b] = r.drafter.propose(r.token, r.start, ks[b], sampling)
         block = pad_sequence([torch.cat([r.anchor, props[b].tokens]) if props[b] is not None else
                               (r.anchor if r is not None else no_drafts.new_zeros(1))

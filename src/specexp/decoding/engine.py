@@ -14,12 +14,12 @@ import torch
 from ..clock import now
 from ..drafters.base import Drafter, Proposal, Sampling
 from .tree import check_protocol, layout, verify_tree
-from .verify import verify
+from .verify import SAMPLED_DRAFTS, verify
 
 
 @dataclass
 class DecodeConfig:
-    protocol: str = "greedy"           # greedy | A | B (see decoding/verify.py)
+    protocol: str = "greedy"           # greedy | A | B | block (see decoding/verify.py)
     temperature: float = 0.0
     max_new_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()
@@ -59,7 +59,7 @@ def generate(target, drafter: Drafter | None, prompt_ids: list[int], dc: DecodeC
              generator: torch.Generator | None = None) -> Generation:
     dev = target.device
     taps = drafter.tap_layers if drafter is not None else ()
-    sampling = Sampling(dc.temperature, generator) if dc.protocol == "B" else None
+    sampling = Sampling(dc.temperature, generator) if dc.protocol in SAMPLED_DRAFTS else None
     stops = set(dc.stop_token_ids)
     no_drafts = Proposal(torch.empty(0, dtype=torch.long, device=dev))
     gen = Generation(prompt_len=len(prompt_ids))
