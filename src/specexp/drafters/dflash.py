@@ -48,6 +48,7 @@ from ..schema import (
     upto,
 )
 from .base import Proposal, Sampling, choose, sequence_at
+from .block_tree import BlockTreeSettings, best_first
 from .layers import MLP, RMSNorm, init_weights, rotate
 
 
@@ -67,9 +68,18 @@ class DFlashSettings(Settings):
     target_layer_ids: list | None = setting(None, null_or(int_list()),
                                             "a non-empty list of target layer ids >= 0, or null")
     seed: int = setting(0, is_int(), "an int")
+    mode: str = choice("chain", "tree")
+    tree: BlockTreeSettings = setting(factory=BlockTreeSettings)
 
     @classmethod
     def check_values(cls, mine: dict, whole: dict) -> None:
+        if mine.get("mode") == "tree":
+            name = mine.get("name")
+            check(name == "dflash", f"drafter.mode=tree with drafter={name}: of the DFlash family only dflash drafts "
+                                    f"trees so far; use drafter.mode=chain")
+            batch = ((whole or {}).get("eval") or {}).get("batch_size", 1)
+            check(batch == 1, f"eval.batch_size={batch} with drafter.mode=tree ({name}): draft trees run at "
+                              f"eval.batch_size=1 only (decoding/batch_spec.py runs chains)")
         ids, target = mine.get("target_layer_ids"), whole.get("target") or {}
         n = target_layers(target)
         if n is not None and isinstance(ids, list) and any(i >= n for i in ids):
@@ -491,7 +501,14 @@ class DFlashDrafter:
         self.block_size, self.max_drafts = c.block_size, c.block_size - self.first_row
         self.tap_layers = tuple(c.target_layer_ids)
         self.mask_token_id = c.mask_token_id
+        self.proposes_trees, self.tree_top_k, self.tree_nodes = False, 0, 0
         self.reset()
+
+    def as_tree(self, top_k: int, total_tokens: int) -> "DFlashDrafter":
+        """Draft best-first trees over the block (drafters/block_tree.py): `total_tokens` verified rows a round,
+        the anchor included, `top_k` tokens considered per position."""
+        self.proposes_trees, self.tree_top_k, self.tree_nodes = True, top_k, total_tokens - 1
+        return self
 
     def reset(self) -> None:
         self.ctx: list[tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -509,8 +526,8 @@ class DFlashDrafter:
     def prefill(self, taps: torch.Tensor | None) -> None:
         self._append(taps)
 
-    def commit(self, n_accepted: int, taps: torch.Tensor | None) -> None:
-        self._append(taps)
+    def commit(self, n_accepted: int, taps: torch.Tensor | None, path: torch.Tensor | None = None) -> None:
+        self._append(taps)              # a tree's: the engine hands over the taps of the accepted path alone
 
     @torch.inference_mode()
     def block_logits(self, anchor: int, start: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -531,7 +548,10 @@ class DFlashDrafter:
         return hidden, self.lm_head(hidden[0, r0: r0 + k])                                  # [k, V]
 
     def propose(self, anchor: int, start: int, k: int, sampling: Sampling | None) -> Proposal:
-        return choose(self.block_logits(anchor, start, k)[1], sampling)
+        logits = self.block_logits(anchor, start, k)[1]                                     # [k, V]
+        if self.proposes_trees:                                      # k bounds the depth (the token budget)
+            return best_first(logits, self.tree_top_k, self.tree_nodes)
+        return choose(logits, sampling)
 
     def restrict_vocab(self, regen_dir: str, target, n: int) -> None:
         """Draft from the `n` most frequent answer tokens of a regeneration set (`eval.draft_vocab`,
@@ -652,4 +672,5 @@ def build(cfg, target, path: Path | None = None, raw: dict | None = None) -> DFl
         model = load_model(path, where, raw)
         check_fits(model.config, target, where)
     model = model.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
-    return DFlashDrafter(model, target)
+    drafter = DFlashDrafter(model, target)
+    return drafter.as_tree(cfg.tree.top_k, cfg.tree.total_tokens) if cfg.mode == "tree" else drafter

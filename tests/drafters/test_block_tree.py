@@ -1,0 +1,89 @@
+"""DFlash draft trees (`drafter.mode=tree`, drafters/block_tree.py): the tree holds exactly the most probable paths
+of the block's independent positions (checked against brute-force enumeration), is well formed, is lossless through
+the engine under greedy decoding and protocol A (χ²), and the config refuses what it cannot run."""
+import itertools
+
+import pytest
+import torch
+
+from helpers import chi2_pvalue, exact_sequence_probs, micro_target
+from specexp import registry
+from specexp.config import validate
+from specexp.decoding.engine import DecodeConfig, generate
+from specexp.drafters.block_tree import best_first
+from specexp.errors import UserError
+
+
+@pytest.mark.parametrize("k, top_k, nodes", [(3, 2, 5), (4, 3, 20), (2, 4, 8), (3, 3, 39), (5, 1, 3)])
+def test_the_tree_is_the_most_probable_paths(k, top_k, nodes):
+    g = torch.Generator().manual_seed(k * 100 + top_k)
+    logits = torch.randn(k, 12, generator=g) * 2                                     # [K, V]
+    prop = best_first(logits, top_k, nodes)
+    tokens, parents = prop.tokens.tolist(), prop.parents.tolist()
+    assert all(p < i for i, p in enumerate(parents))                                 # a parent before its children
+    paths = []
+    for i in range(len(tokens)):                                                     # each node's path from the anchor
+        path, j = [], i
+        while j >= 0:
+            path.append(tokens[j])
+            j = parents[j]
+        paths.append(tuple(reversed(path)))
+    assert len(set(paths)) == len(paths) and max(map(len, paths)) <= k
+    logp = torch.log_softmax(logits.double(), -1)
+    top = logp.topk(top_k, -1).indices.tolist()
+    score = lambda p: sum(float(logp[i, t]) for i, t in enumerate(p))                # noqa: E731
+    every = [p for d in range(1, k + 1) for p in itertools.product(*top[:d])]       # all paths over the top_k
+    want = sorted(every, key=score, reverse=True)[:nodes]
+    assert len(paths) == min(nodes, len(every))
+    assert sorted(map(score, paths)) == pytest.approx(sorted(map(score, want)))      # the same best scores
+    assert paths[0] == (top[0][0],)                                                  # found best-first
+
+
+def tree_drafter(cfg_factory, target, *extra):
+    cfg = cfg_factory("drafter=dflash", "drafter.init=random", "drafter.mode=tree", *extra)
+    return registry.build_drafter(cfg.drafter, target)
+
+
+def test_a_dflash_tree_is_lossless_under_greedy_decoding(cfg_factory, tiny_target):
+    t = tiny_target
+    for extra in (["drafter.tree.top_k=3", "drafter.tree.total_tokens=13"], ["drafter.tree.total_tokens=60"]):
+        d = tree_drafter(cfg_factory, t, *extra)
+        assert d.proposes_trees and d.tree_nodes == (12 if "13" in extra[-1] else 59)
+        for prompt, n in (("Count from one to ten.", 40), ("Hello", 1), ("Hi", 17)):     # budget edges too
+            ids = t.encode_chat([{"role": "user", "content": prompt}])
+            out, ref = generate(t, d, ids, DecodeConfig(max_new_tokens=n)), generate(t, None, ids,
+                                                                                    DecodeConfig(max_new_tokens=n))
+            assert out.tokens == ref.tokens, (extra, prompt, n)
+            assert sum(out.accept_lengths) == len(out.tokens) - 1
+
+
+@pytest.mark.slow
+def test_a_dflash_tree_keeps_the_target_distribution_under_protocol_a(cfg_factory):
+    t = micro_target()
+    d = tree_drafter(cfg_factory, t, "drafter.tree.top_k=3", "drafter.tree.total_tokens=10")
+    steps, n_runs = 3, 1500
+    dc = DecodeConfig(protocol="A", temperature=1.0, max_new_tokens=steps + 1)
+    gen = torch.Generator().manual_seed(7)
+    counts, accepted = {}, 0
+    for _ in range(n_runs):
+        out = generate(t, d, [0, 1], dc, gen)
+        key = tuple(out.tokens[:steps])
+        counts[key] = counts.get(key, 0) + 1
+        accepted += sum(a - 1 for a in out.accept_lengths)
+    assert accepted > n_runs // 20, accepted
+    assert chi2_pvalue(exact_sequence_probs(t, [0, 1], steps, 1.0), counts, n_runs) > 1e-3
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["drafter=dels_rnn", "drafter.mode=tree"], "drafter.mode=tree with drafter=dels_rnn: of the DFlash family only "
+                                                "dflash drafts trees so far; use drafter.mode=chain"),
+    (["drafter=dflash", "drafter.mode=tree", "eval.batch_size=2"],
+     "eval.batch_size=2 with drafter.mode=tree (dflash): draft trees run at eval.batch_size=1 only"),
+    (["drafter=dflash", "drafter.tree.top_k=0"], "drafter.tree.top_k=0 is not valid; expected an int >= 1"),
+    (["drafter=dflash", "drafter.tree.total_tokens=1"],
+     "drafter.tree.total_tokens=1 is not valid; expected an int >= 2"),
+])
+def test_tree_settings_are_checked(cfg_factory, extra, message):
+    with pytest.raises(UserError, match=None) as e:
+        validate(cfg_factory(*extra), job={})
+    assert message in str(e.value)
