@@ -13,6 +13,7 @@ from safetensors import safe_open
 
 import specexp
 from specexp import engine_export as export
+from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters import dflash, eagle3
 
 COMMON = ["target=tiny_qwen3", "device=cpu", "logger=none"]
@@ -216,6 +217,84 @@ def test_export_past_a_file_size_limit_is_one_line(tiny_target, cfg_factory, tmp
     assert f"cannot write {tmp_path / 'exp' / 'model.safetensors'}: File too large; raise the file-size limit " \
            f"(ulimit -f)" in lines[0], lines
     assert not (tmp_path / "exp").exists() and not list(tmp_path.glob(".exp.*"))
+
+
+def domino_like(tiny_target, cfg_factory, tmp_path, **head):
+    """A Domino-FT as training leaves one: a DFlash backbone directory and a head directory (bf16, random)."""
+    from specexp.drafters import domino
+
+    src = trained_like("dflash", tiny_target, cfg_factory, tmp_path / "backbone")
+    c = domino.DominoConfig(tiny_target.hidden_size, tiny_target.vocab_size, gru_hidden=24, emb_dim=12, **head)
+    domino.save_head(domino.random_head(c, seed=5, std=0.5), tmp_path / "head", torch.bfloat16)
+    return src, tmp_path / "head"
+
+
+def read_sglang_domino(path):
+    """What SGLang's Domino path reads, written from its documented layout (docs/export.md), not from the writer:
+    config.json with the DFlash fields and dflash_config.{projector_type, emb_dim, gru_hidden_dim,
+    pure_draft_prefix_len, shift_label}; model.safetensors with the z-lab DFlash tensors and prefix_gru.weight_ih_l0
+    [3G, H], prefix_gru.weight_hh_l0 [3G, G], embed_proj.0.weight [E, H + G], embed_proj.2.weight [V, E]; all bf16;
+    the draft vocabulary the target's."""
+    config = json.loads((path / "config.json").read_text())
+    dc = config["dflash_config"]
+    assert dc["projector_type"] == "domino" and dc["pure_draft_prefix_len"] == 1
+    assert isinstance(dc["shift_label"], bool)
+    h, v, g, e = config["hidden_size"], config["vocab_size"], dc["gru_hidden_dim"], dc["emb_dim"]
+    assert all(isinstance(x, int) and not isinstance(x, bool) for x in (h, v, g, e))
+    t = tensors(path)
+    want = {"prefix_gru.weight_ih_l0": [3 * g, h], "prefix_gru.weight_hh_l0": [3 * g, g],
+            "embed_proj.0.weight": [e, h + g], "embed_proj.2.weight": [v, e], "fc.weight": None, "norm.weight": [h]}
+    for name, shape in want.items():
+        assert name in t and (shape is None or list(t[name].shape) == shape), name
+    assert {x.dtype for x in t.values()} == {torch.bfloat16}
+    assert "auto_map" not in config and not any(k.startswith(("embed_tokens", "lm_head")) for k in t)
+    return config, t
+
+
+def test_domino_exports_as_sglang_reads_it_and_loads_back_the_same(tiny_target, cfg_factory, tmp_path):
+    from specexp import registry
+
+    src, head = domino_like(tiny_target, cfg_factory, tmp_path)
+    summary = specexp.run("export", [*COMMON, "drafter=domino_ft", f"drafter.checkpoint={src}",
+                                     f"drafter.head.checkpoint={head}", "export.format=sglang"], tmp_path / "run")
+    out = tmp_path / "run" / "model"
+    config, t = read_sglang_domino(out)
+    assert config["dflash_config"]["gru_hidden_dim"] == 24 and config["dflash_config"]["emb_dim"] == 12
+    sources = {**tensors(src), **tensors(head)}
+    assert set(t) == set(sources) and all(torch.equal(t[k], sources[k]) for k in t)      # bit for bit
+    assert summary["commands"].keys() == {"sglang"} and "--speculative-algorithm DFLASH" in summary["commands"][
+        "sglang"]
+    # specexp reads the export back as a released Domino drafter and drafts what the sources draft: under protocol B
+    # (drafts sampled from the head-corrected q, one seeded stream) any difference in q would change the output
+    ids = tiny_target.encode_chat([{"role": "user", "content": "Count from one to ten."}])
+    dc = DecodeConfig(protocol="B", temperature=1.0, max_new_tokens=48)
+    runs = []
+    for args in ([f"drafter.checkpoint={src}", f"drafter.head.checkpoint={head}"], [f"drafter.checkpoint={out}"]):
+        d = registry.build_drafter(cfg_factory("drafter=domino_ft", "drafter.init=checkpoint", *args).drafter,
+                                   tiny_target)
+        runs.append(generate(tiny_target, d, ids, dc, torch.Generator().manual_seed(3)))
+    assert runs[0].tokens == runs[1].tokens and runs[0].accept_lengths == runs[1].accept_lengths
+    other = generate(tiny_target, d, ids, dc, torch.Generator().manual_seed(4))
+    assert other.tokens != runs[1].tokens                     # the comparison can fail: the stream matters
+
+
+def test_domino_export_refuses_what_sglang_would_run_otherwise(tiny_target, cfg_factory, tmp_path):
+    src, head = domino_like(tiny_target, cfg_factory, tmp_path)
+    args = [*COMMON, "drafter=domino_ft", f"drafter.checkpoint={src}", f"drafter.head.checkpoint={head}",
+            "export.format=sglang", "drafter.head.guidance=3.0"]
+    with pytest.raises(specexp.UserError, match=r"drafter.head.guidance=3: SGLang's Domino rollout adds the "
+                                                r"correction unscaled .*set export.force=true"):
+        specexp.run("export", args, tmp_path / "r1")
+    assert not (tmp_path / "r1" / "model").exists()
+    with pytest.raises(specexp.UserError, match="export.dtype=float32: SGLang's Domino runtime requires bf16"):
+        specexp.run("export", [*args[:-1], "export.dtype=float32"], tmp_path / "r2")
+    with pytest.raises(specexp.UserError, match="needs the trained head: drafter.head.checkpoint=DIR"):
+        specexp.run("export", [*COMMON, "drafter=domino_ft", f"drafter.checkpoint={src}", "export.format=sglang"],
+                    tmp_path / "r3")
+    specexp.run("export", [*args, "export.force=true"], tmp_path / "r4")
+    card = (tmp_path / "r4" / "model" / "README.md").read_text()
+    assert "**exported with export.force=true**: drafter.head.guidance=3" in card
+    read_sglang_domino(tmp_path / "r4" / "model")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

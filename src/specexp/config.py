@@ -352,6 +352,7 @@ class ExportConfig(Settings):
     out: str | None = setting(None, null_or(nonempty_str), "null (<run dir>/model) or a directory path")
     overwrite: bool = False
     dtype: str | None = choice(None, *DTYPES, words="null (the checkpoint's dtypes), " + ", ".join(DTYPES))
+    force: bool = False                          # export what the engine would run differently (the card says so)
     push: bool = False
     repo_id: str | None = setting(None, null_or(lambda v: isinstance(v, str) and EXPORT_REPO_ID.fullmatch(v)
                                                 is not None), "null or a hub repository id OWNER/NAME")

@@ -8,6 +8,12 @@ What is written (one layout per drafter, every format; only the card's commands 
   dflash   config.json (Qwen3 fields, `block_size`, `num_target_layers`, `dflash_config.{mask_token_id,
            target_layer_ids}`, architectures ["DFlashDraftModel"]) + model.safetensors (`layers.i.*`, `fc`,
            `hidden_norm`, `norm`; no embedding, no lm_head): the z-lab layout that vLLM and SGLang both load.
+  domino_ft  (SGLang, and `hf`) the DFlash layout with the Domino head in one directory, as SGLang's Domino path
+           reads it: config.json's `dflash_config` adds `projector_type: "domino"`, `emb_dim`, `gru_hidden_dim`,
+           `pure_draft_prefix_len: 1`, `shift_label`; model.safetensors adds `prefix_gru.weight_ih_l0`,
+           `prefix_gru.weight_hh_l0`, `embed_proj.0.weight`, `embed_proj.2.weight`; bf16 (SGLang's requirement).
+           A head SGLang would decode differently (guidance != 1: its rollout adds the correction unscaled; another
+           vocabulary than the backbone's) is refused unless `export.force=true`, and the card then says so.
   eagle3   config.json (Llama fields, architectures ["LlamaForCausalLMEagle3"], `draft_vocab_size`,
            `target_hidden_size`, the taps twice: `eagle_config.eagle_aux_hidden_state_layer_ids` for SGLang and
            SpecForge, top-level `eagle_aux_hidden_state_layer_ids` in vLLM's indexing) + model.safetensors
@@ -17,9 +23,9 @@ What is written (one layout per drafter, every format; only the card's commands 
 Weights are written by the drafter's own `save_pretrained` (one saver), in the checkpoint's dtypes unless
 `export.dtype` casts them: an export of a bf16 checkpoint is bit-identical to it.
 
-DeLS-Spec, Domino-FT and DEdit have no serving route in these engines: refused in one line naming what would be
-needed. Every check runs before anything is written; a new directory appears whole (written beside it, then
-renamed), and an existing one is touched only with `export.overwrite=true` (each file replaced atomically).
+DeLS-Spec and DEdit have no serving route in these engines: refused in one line naming what would be needed.
+Every check runs before anything is written; a new directory appears whole (written beside it, then renamed),
+and an existing one is touched only with `export.overwrite=true` (each file replaced atomically).
 `export.push=true` uploads the directory with huggingface_hub's HfApi when the hub is reachable and a token is
 configured; the token is never read into a file or a message.
 """
@@ -36,16 +42,13 @@ from . import log
 from .errors import UserError, check
 
 FORMATS = ("vllm", "sglang", "zlab", "hf")
-EXPORTABLE = ("dflash", "eagle3")
+EXPORTABLE = ("dflash", "eagle3", "domino_ft")
 # Why a drafter cannot be served today, and what would be needed (one line each).
 NO_ROUTE = {
     "dels_rnn": "DeLS-Spec fuses a GRU local head and a unigram prior into DFlash's logits per position, which no "
                 "vLLM or SGLang drafter does; it needs an engine-side fused-logits DFlash proposer",
     "dels_markov": "DeLS-Spec fuses a bigram local head and a unigram prior into DFlash's logits per position, "
                    "which no vLLM or SGLang drafter does; it needs an engine-side fused-logits DFlash proposer",
-    "domino_ft": "Domino-FT's prefix GRU and residual head run in no vLLM drafter, and SGLang's DFlash config "
-                 "parser names a Domino variant (dflash_config.projector_type=domino) whose weight layout was not "
-                 "checked against ours; it needs that check (docs/export.md) before an sglang route",
     "dedit": "DEdit's token-to-token edit passes run in no vLLM or SGLang drafter; it needs an engine-side edit "
              "step (its backbone alone is a DFlash drafter: drafter=dflash drafter.checkpoint=DIR exports it, "
              "without the edits)",
@@ -66,24 +69,31 @@ ENGINE_FIELDS = {
                "rope_theta": float, "max_position_embeddings": int, "hidden_act": str, "tie_word_embeddings": bool,
                "eagle_aux_hidden_state_layer_ids": list, "eagle_config": dict},
 }
-ARCHITECTURE = {"dflash": "DFlashDraftModel", "eagle3": "LlamaForCausalLMEagle3"}
+ENGINE_FIELDS["domino_ft"] = ENGINE_FIELDS["dflash"]
+# What SGLang's Domino path reads beyond the DFlash fields: dflash_config entries and the head's tensors.
+DOMINO_FIELDS = {"projector_type": str, "emb_dim": int, "gru_hidden_dim": int, "pure_draft_prefix_len": int,
+                 "shift_label": bool}
+ARCHITECTURE = {"dflash": "DFlashDraftModel", "eagle3": "LlamaForCausalLMEagle3", "domino_ft": "DFlashDraftModel"}
+TITLE = {"dflash": "DFlash", "eagle3": "EAGLE-3", "domino_ft": "Domino-FT"}
+ENGINES = {"dflash": ("vllm", "sglang"), "eagle3": ("vllm", "sglang"), "domino_ft": ("sglang",)}
 
 
 @dataclass
 class Plan:
     """Everything an export writes, decided and checked before a byte is written."""
 
-    kind: str                       # dflash | eagle3
+    kind: str                       # dflash | eagle3 | domino_ft
     fmt: str
     source: Path                    # the checkpoint directory
     out: Path
     overwrite: bool
     dtype: object                   # a torch dtype, or None = the checkpoint's
-    model: object                   # the loaded draft model
+    model: object                   # the loaded draft model (domino_ft: the state dict of backbone + head)
     config: dict                    # config.json as written
     card: dict                      # the source's card.json ({} when none)
     info: dict = field(default_factory=dict)      # target, data, τ, commands: the card's facts (export.json)
     push: dict | None = None        # {"repo_id", "private"} or None
+    caveats: list = field(default_factory=list)    # what the card must say (a forced export's difference)
 
 
 # --------------------------------------------------------------------------------------------------- checks
@@ -148,6 +158,10 @@ def plan(cfg, run_dir) -> Plan:
     ex, d = cfg.export, cfg.drafter
     if (line := refusal(d.name)) is not None:
         raise UserError(line)
+    check(not (d.name == "domino_ft" and ex.format not in ("sglang", "hf")),
+          f"export.format={ex.format} with drafter=domino_ft: only SGLang serves Domino (dflash_config.projector_type"
+          f"=domino); vLLM has no Domino drafter and z-lab's runtime none either. Choose export.format=sglang (or hf: "
+          f"the same files for a hub repository)")
     check(not (d.name == "eagle3" and ex.format == "zlab"),
           "export.format=zlab is the DFlash layout; for drafter=eagle3 choose vllm, sglang or hf (one EAGLE-3 layout "
           "serves all three)")
@@ -166,7 +180,10 @@ def plan(cfg, run_dir) -> Plan:
     check(trained_for in (None, cfg.target.name), f"{where} was trained for target {trained_for} (its card.json), "
                                                   f"not target={cfg.target.name}; pass target={trained_for}")
     dtype = getattr(torch, ex.dtype) if ex.get("dtype") else None
-    if d.name == "dflash":
+    caveats = []
+    if d.name == "domino_ft":
+        model, config, dtype, caveats, card = domino_plan(d, ex, source, where, dtype, card)
+    elif d.name == "dflash":
         model = dflash.load_model(source, where)
         check(not isinstance(model, dflash.DSparkDFlashModel),
               f"{where} is a DSpark-format DFlash drafter (its own embedding and lm_head, shifted rows); export "
@@ -183,9 +200,58 @@ def plan(cfg, run_dir) -> Plan:
                               f"drafter.tap_layers=[LOW,MID,HIGH], the output-of-layer ids it was trained on")
         c.tap_layers = taps
         config = served(serving_config_eagle3(c))
-    p = Plan(d.name, ex.format, source, out, bool(ex.get("overwrite")), dtype, model, config, card, push=push)
+    p = Plan(d.name, ex.format, source, out, bool(ex.get("overwrite")), dtype, model, config, card, push=push,
+             caveats=caveats)
     p.info = card_facts(cfg, p)
     return p
+
+
+def domino_plan(d, ex, source: Path, where: str, dtype, card: dict):
+    """A Domino-FT export's (state, config.json, dtype, caveats, card): the backbone and the head from a released
+    Domino directory (`drafter.checkpoint`) or from `drafter.checkpoint` + `drafter.head.checkpoint`; what SGLang
+    would run differently is refused unless `export.force=true` (then named on the card)."""
+    import torch
+
+    from . import checkpoints as ckpt
+    from .drafters import dflash, domino
+
+    raw = ckpt.read_config(source, where)
+    head_dir = (d.get("head") or {}).get("checkpoint")
+    if domino.is_release(raw):
+        backbone, head = domino.load_release(source, where, raw)
+    else:
+        check(bool(head_dir), f"task=export drafter=domino_ft needs the trained head: drafter.head.checkpoint=DIR "
+                              f"(or a released Domino drafter as {where})")
+        backbone = dflash.load_model(source, where)
+        head_where = f"drafter.head.checkpoint={str(head_dir)!r}"
+        head_path = Path(ckpt.resolve(str(head_dir)))
+        head = domino.load_head(head_path, head_where)
+        card = _read_card(head_path, head_where) or card          # the trained head's card: its data and τ
+    check(not isinstance(backbone, dflash.DSparkDFlashModel),
+          f"{where} is a DSpark-format DFlash backbone (its own embedding and lm_head); SGLang's Domino path uses the "
+          f"target's, so only a z-lab backbone exports")
+    c, bc = head.config, backbone.config
+    force = bool(ex.get("force"))
+    guidance = float((d.get("head") or {}).get("guidance", 1.0))
+    caveats = []
+    for bad, line in ((c.vocab_size != bc.vocab_size or c.hidden_size != bc.hidden_size,
+                       f"the head's vocabulary / width ({c.vocab_size} / {c.hidden_size}) differ from the backbone's "
+                       f"({bc.vocab_size} / {bc.hidden_size}); SGLang needs the target's vocabulary in both"),
+                      (guidance != 1.0, f"drafter.head.guidance={guidance:g}: SGLang's Domino rollout adds the "
+                                        f"correction unscaled (guidance 1), so it would decode otherwise than "
+                                        f"specexp measured"),
+                      (dtype not in (None, torch.bfloat16), f"export.dtype={ex.get('dtype')}: SGLang's Domino runtime "
+                                                            f"requires bf16 weights")):
+        if bad:
+            check(force, f"task=export drafter=domino_ft: {line}; set export.force=true to export anyway (the card "
+                         f"says so)")
+            caveats.append(line)
+    config = served(bc.to_dict())
+    config["dflash_config"] = {**config["dflash_config"], "projector_type": "domino", "emb_dim": c.emb_dim,
+                               "gru_hidden_dim": c.gru_hidden, "pure_draft_prefix_len": 1,
+                               "shift_label": c.alignment == "shifted"}
+    state = {**backbone.state_dict(), **head.state_dict()}
+    return state, config, (dtype or torch.bfloat16), caveats, card
 
 
 REMOTE_CODE = ("auto_map", "trust_remote_code")     # a source's pointers to modelling code the export does not ship
@@ -235,7 +301,10 @@ def tau_of(card: dict) -> dict | None:
 
 
 def serving_commands(kind: str, config: dict, target: str, where: str, num_drafts: int) -> dict[str, str]:
-    """The engine commands that serve the exported drafter (`where`: its directory or hub id) beside `target`."""
+    """The engine commands that serve the exported drafter (`where`: its directory or hub id) beside `target`. SGLang
+    picks its Domino path from the config (`projector_type`), with DFlash's flags."""
+    if kind == "domino_ft":
+        return {"sglang": serving_commands("dflash", config, target, where, num_drafts)["sglang"]}
     if kind == "dflash":
         b = config["block_size"]
         spec = json.dumps({"method": "dflash", "model": where, "num_speculative_tokens": b - 1})
@@ -256,27 +325,29 @@ def card_facts(cfg, p: Plan) -> dict:
     where = p.push["repo_id"] if p.push else str(p.out)
     num_drafts = int(cfg.drafter.get("num_drafts") or 7)
     commands = serving_commands(p.kind, p.config, target, where, num_drafts)
-    replay = (f"python -m specexp task=replay target={t.name} drafter={p.kind} drafter.checkpoint={p.source} "
-              f"eval.num_samples=50 eval.max_new_tokens=128")
+    # a Domino export is a released-format directory, which drafter.checkpoint reads whole
+    replay = (f"python -m specexp task=replay target={t.name} drafter={p.kind} drafter.checkpoint="
+              f"{p.out if p.kind == 'domino_ft' else p.source} eval.num_samples=50 eval.max_new_tokens=128")
     return {"format": p.fmt, "drafter": p.kind, "architecture": ARCHITECTURE[p.kind], "target": t.name,
             "target_weights": target, "trained_against": card.get("target_source"),
             "data": {k: card[k] for k in ("data_hash", "sequences", "response_tokens") if k in card},
             "trained_by": card.get("command"), "tau": tau_of(card), "replay_command": replay,
-            "source": str(p.source), "commands": commands,
+            "source": str(p.source), "commands": commands, "caveats": list(p.caveats),
             "dtype": str(p.dtype).removeprefix("torch.") if p.dtype is not None else "the checkpoint's"}
 
 
 def card_markdown(info: dict, config: dict) -> str:
     """README.md: hub metadata, then what the drafter is, for which target, from which data, its τ and how to serve
     it. The chosen engine's command first (`zlab` / `hf`: both engines)."""
-    order = [info["format"]] if info["format"] in ("vllm", "sglang") else ["vllm", "sglang"]
-    order += [e for e in ("vllm", "sglang") if e not in order]
+    engines = ENGINES[info["drafter"]]
+    order = [info["format"]] if info["format"] in engines else list(engines)
+    order += [e for e in engines if e not in order]
     tags = ["speculative-decoding", info["drafter"], "specexp"]
     base = info["target_weights"] if "/" in info["target_weights"] and not info["target_weights"].startswith(
         ("/", ".", "<")) else None
     head = ["---", "library_name: vllm" if info["format"] != "sglang" else "library_name: sglang",
             *([f"base_model: {base}"] if base else []), "tags:", *[f"- {x}" for x in tags], "---", ""]
-    title = {"dflash": "DFlash", "eagle3": "EAGLE-3"}[info["drafter"]]
+    title = TITLE[info["drafter"]]
     lines = [f"# {title} drafter for {info['target_weights']}", "",
              f"A speculative-decoding drafter ({info['architecture']}) exported by specexp (`task=export "
              f"export.format={info['format']}`) from `{info['source']}`; weights in {info['dtype']} dtypes.", ""]
@@ -288,7 +359,7 @@ def card_markdown(info: dict, config: dict) -> str:
                                                                                            "checkpoint)"))
     if info.get("trained_by"):
         lines.append(f"- trained by: `{info['trained_by']}`")
-    if info["drafter"] == "dflash":
+    if info["drafter"] in ("dflash", "domino_ft"):
         dc = config["dflash_config"]
         lines.append(f"- block size {config['block_size']}, {config['num_hidden_layers']} layer(s), target layers "
                      f"{dc['target_layer_ids']}, mask token id {dc['mask_token_id']}")
@@ -296,6 +367,16 @@ def card_markdown(info: dict, config: dict) -> str:
         lines.append(f"- taps {config['eagle_config']['eagle_aux_hidden_state_layer_ids']} (outputs of those target "
                      f"layers; vLLM's indexing {config['eagle_aux_hidden_state_layer_ids']}), draft vocabulary "
                      f"{config['draft_vocab_size']} of {config['vocab_size']}")
+    if info["drafter"] == "domino_ft":
+        dc = config["dflash_config"]
+        lines.append(f"- Domino head: prefix GRU of {dc['gru_hidden_dim']}, residual rank {dc['emb_dim']}, "
+                     f"shift_label {str(dc['shift_label']).lower()}; SGLang adds its correction unscaled (guidance 1)")
+    if info["drafter"] == "dflash":
+        lines.append("- Transformers: z-lab's path loads DFlash as remote code through `auto_map`; this export ships "
+                     "no code and no `auto_map`. Load it with specexp (`drafter=dflash drafter.checkpoint=DIR`), or "
+                     "add z-lab's modelling file and its `auto_map` yourself")
+    for caveat in info.get("caveats") or []:
+        lines.append(f"- **exported with export.force=true**: {caveat}")
     tau = info["tau"]
     lines += ["", "## τ (tokens per verification, bonus included)", ""]
     if tau is None:
@@ -325,6 +406,8 @@ def write(p: Plan) -> list[str]:
     def fill(d: Path) -> None:
         if p.kind == "dflash":
             ckpt.save_module(p.model, d, p.config, p.dtype)
+        elif p.kind == "domino_ft":
+            ckpt.save(d, p.model, p.config, p.dtype)
         else:
             p.model.save_pretrained(d, p.dtype, p.config)
         write_text_atomic(d / CARD, card_markdown(p.info, p.config))
@@ -383,5 +466,6 @@ def run_export(cfg, out_dir) -> dict:
     tau = p.info["tau"]
     log.LOG.info(f"exported drafter={p.kind} ({p.fmt}) to {p.out}: {', '.join(files)}; τ "
                  f"{'%.3f' % tau['macro'] if tau else 'not measured'}")
-    log.LOG.info(f"serve with: {p.info['commands'][p.fmt if p.fmt in ('vllm', 'sglang') else 'vllm']}")
+    first = p.fmt if p.fmt in p.info["commands"] else next(iter(p.info["commands"]))
+    log.LOG.info(f"serve with: {p.info['commands'][first]}")
     return summary
