@@ -196,14 +196,20 @@ class ScriptedTarget:
     def rollback(self, cache, k):
         self.t.rollback(cache, k)
 
-    def choices(self, ids, start: int, last_only: bool) -> list[int]:
+    def keep(self, cache, start, rows):
+        self.t.keep(cache, start, rows)
+
+    def choices(self, ids, start: int, last_only: bool, tree=None) -> list[int]:
         end = start + ids.shape[1]
         positions = range(end - 1 if last_only else start, end)
+        if tree is not None:            # a tree row sits at its depth: on the script's path its choice is the script's
+            positions = [start + int(d) for d in tree.depth]
         return [self.script[p + 1] if p + 1 < len(self.script) else 0 for p in positions]
 
-    def forward(self, ids, start, cache, taps=(), last_only=False):
-        _, hidden = self.t.forward(ids, start, cache, taps=taps, last_only=True)    # the real taps and cache
-        chosen = self.choices(ids, start, last_only)
+    def forward(self, ids, start, cache, taps=(), last_only=False, tree=None):
+        where = {"tree": tree} if tree is not None else {}
+        _, hidden = self.t.forward(ids, start, cache, taps=taps, last_only=True, **where)    # the real taps and cache
+        chosen = self.choices(ids, start, last_only, tree) if tree is not None else self.choices(ids, start, last_only)
         logits = torch.zeros(1, len(chosen), self.vocab_size, device=self.device)    # [1, T, V]
         logits[0, torch.arange(len(chosen)), torch.tensor(chosen)] = 1.0
         return logits, hidden

@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from helpers import chi2_pvalue, exact_sequence_probs, micro_target
+from helpers import STRONG, chi2_pvalue, exact_sequence_probs, micro_target
 from specexp import registry
 from specexp.config import validate
 from specexp.decoding.engine import DecodeConfig, generate
@@ -39,9 +39,17 @@ def test_the_tree_is_the_most_probable_paths(k, top_k, nodes):
     assert paths[0] == (top[0][0],)                                                  # found best-first
 
 
+HEADS = {"dflash": [], "dels_rnn": ["drafter=dels_rnn", *STRONG["dels_rnn"]],
+         "dels_markov": ["drafter=dels_markov", *STRONG["dels_markov"]],
+         "domino_ft": ["drafter=domino_ft", *STRONG["domino_ft"]]}
+
+
 def tree_drafter(cfg_factory, target, *extra):
-    cfg = cfg_factory("drafter=dflash", "drafter.init=random", "drafter.mode=tree", *extra)
-    return registry.build_drafter(cfg.drafter, target)
+    name = [] if any(e.startswith("drafter=") for e in extra) else ["drafter=dflash"]
+    cfg = cfg_factory(*name, *extra, "drafter.init=random", "drafter.mode=tree")
+    d = registry.build_drafter(cfg.drafter, target)
+    assert d.name == cfg.drafter.name and d.proposes_trees
+    return d
 
 
 def test_a_dflash_tree_is_lossless_under_greedy_decoding(cfg_factory, tiny_target):
@@ -58,9 +66,10 @@ def test_a_dflash_tree_is_lossless_under_greedy_decoding(cfg_factory, tiny_targe
 
 
 @pytest.mark.slow
-def test_a_dflash_tree_keeps_the_target_distribution_under_protocol_a(cfg_factory):
+@pytest.mark.parametrize("name", ["dflash", "dels_rnn"])
+def test_a_tree_keeps_the_target_distribution_under_protocol_a(cfg_factory, name):
     t = micro_target()
-    d = tree_drafter(cfg_factory, t, "drafter.tree.top_k=3", "drafter.tree.total_tokens=10")
+    d = tree_drafter(cfg_factory, t, "drafter.tree.top_k=3", "drafter.tree.total_tokens=10", *HEADS[name])
     steps, n_runs = 3, 1500
     dc = DecodeConfig(protocol="A", temperature=1.0, max_new_tokens=steps + 1)
     gen = torch.Generator().manual_seed(7)
@@ -75,11 +84,13 @@ def test_a_dflash_tree_keeps_the_target_distribution_under_protocol_a(cfg_factor
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["drafter=dels_rnn", "drafter.mode=tree"], "drafter.mode=tree with drafter=dels_rnn: of the DFlash family only "
-                                                "dflash drafts trees so far; use drafter.mode=chain"),
+    (["drafter=dedit", "drafter.mode=tree"], "drafter.mode=tree with drafter=dedit: its draft is not a tree of "
+                                             "tokens (DEdit edits a whole block)"),
     (["drafter=dflash", "drafter.mode=tree", "eval.batch_size=2"],
      "eval.batch_size=2 with drafter.mode=tree (dflash): draft trees run at eval.batch_size=1 only"),
     (["drafter=dflash", "drafter.tree.top_k=0"], "drafter.tree.top_k=0 is not valid; expected an int >= 1"),
+    (["task=replay", "drafter=dels_rnn", "drafter.mode=tree", "replay.fusion_grid.alpha=[0,0.3]"],
+     "replay.fusion_grid with drafter.mode=tree (dels_rnn): the α/β grid replays chains"),
     (["drafter=dflash", "drafter.tree.total_tokens=1"],
      "drafter.tree.total_tokens=1 is not valid; expected an int >= 2"),
 ])
@@ -87,3 +98,33 @@ def test_tree_settings_are_checked(cfg_factory, extra, message):
     with pytest.raises(UserError, match=None) as e:
         validate(cfg_factory(*extra), job={})
     assert message in str(e.value)
+
+
+@pytest.mark.parametrize("name", list(HEADS))
+def test_a_tree_drafts_the_chain_path_and_replays_as_the_engine_runs(cfg_factory, name):
+    """On a target that follows the drafter's own chain (so acceptance goes deep): a tree of every top-2 path holds
+    the chain's path (for a head, each node's children come from its own branch's state, so its greedy path is the
+    chain), the engine accepts exactly what the chain does, and replay, batched or round by round, gives the
+    engine's accept lengths."""
+    from helpers import ScriptedTarget, follow_script
+    from specexp.eval.replay import replay_turn, teacher_forced
+
+
+    t = micro_target(vocab=2048, hidden=32, layers=2)
+    base = [*HEADS[name], "drafter.init=random", "drafter.block_size=8"]
+    chain = registry.build_drafter(cfg_factory(*base).drafter, t)
+    every_path = ["drafter.mode=tree", "drafter.tree.top_k=2", "drafter.tree.total_tokens=255"]    # 2 + ... + 2^7
+    tree = registry.build_drafter(cfg_factory(*base, *every_path).drafter, t)
+    assert tree.proposes_trees and not chain.proposes_trees
+    prompt = torch.randint(0, 2047, (12,), generator=torch.Generator().manual_seed(2)).tolist()
+    script = follow_script(t, chain, prompt, 40, seed=2)
+    target, cont = ScriptedTarget(t, script), script[len(prompt):]
+    dc = DecodeConfig(max_new_tokens=40)
+    online = generate(target, tree, prompt, dc)
+    assert online.tokens == cont
+    assert online.accept_lengths == generate(target, chain, prompt, dc).accept_lengths   # the chain's path is in it
+    assert max(online.accept_lengths) >= 5 and max(online.drafted) == 254, online.accept_lengths
+    tf = teacher_forced(target, prompt, cont, tree.tap_layers)
+    for batched in (True, False):
+        gen, ties = replay_turn(tree, prompt, cont, tf, dc, near_tie=0.5, batched=batched)
+        assert ties == [] and gen.accept_lengths == online.accept_lengths and gen.drafted == online.drafted

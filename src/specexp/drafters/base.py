@@ -95,8 +95,8 @@ class OnBackbone:
     def prefill(self, taps) -> None:
         self.backbone.prefill(taps)
 
-    def commit(self, n_accepted: int, taps) -> None:
-        self.backbone.commit(n_accepted, taps)
+    def commit(self, n_accepted: int, taps, path=None) -> None:
+        self.backbone.commit(n_accepted, taps)          # a tree's: the taps of its accepted path (the engine's pick)
 
 
 def choose(logits: torch.Tensor, sampling: Sampling | None) -> Proposal:

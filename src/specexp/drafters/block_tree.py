@@ -8,10 +8,17 @@ so these paths form a tree (prefix-closed) and a best-first search finds them: p
 open its `top_k` one-token extensions. One block pass, no extra drafter forward: the whole tree costs what the chain
 costs, plus the target's verification of more rows. Verification (decoding/tree.py) is lossless under greedy and
 protocol A whatever the tree.
+
+DeLS-Spec and Domino-FT (`SequentialDrafter.propose`, drafters/head_loop.py) grow their trees with the same search,
+but a node's children come from the fused row its own branch gives: the local head's (or the prefix GRU's) state
+after the branch's tokens, so position i depends on the token chosen at i − 1 on every branch. Each node added
+below the last position costs one head step (a state update, a rank-r feature and one fused row over the
+vocabulary), taken as the node joins the tree.
 """
 from __future__ import annotations
 
 import heapq
+from typing import Callable
 
 import torch
 
@@ -31,25 +38,36 @@ class BlockTreeSettings(Settings):
                                                            f"{upto(MAX_TOKENS, 'verified per round')}")
 
 
-def best_first(logits: torch.Tensor, top_k: int, nodes: int) -> Proposal:
-    """The tree of the `nodes` most probable paths (module docstring) from per-position draft logits `[K, V]`, in
-    the order they were found (a parent before its children), as `Proposal(tokens [N], parents=[N])`."""
-    k = logits.shape[0]
-    logp = torch.log_softmax(logits.float(), dim=-1)                                 # [K, V]
-    top_lp, top_ids = logp.topk(min(top_k, logp.shape[-1]), dim=-1)                  # [K, k'] each
-    lp, ids = top_lp.tolist(), top_ids.tolist()                                      # one copy to the host
-    heap = [(-lp[0][r], 0, -1, r) for r in range(len(lp[0]))] if k else []         # (-score, depth, parent, rank)
+def grow(children: Callable[[int, int, int, int | None], list[tuple[float, int]]], nodes: int,
+         device) -> Proposal:
+    """A best-first tree of at most `nodes` drafts: `children(node, parent, depth, token)` gives the
+    (log-probability, token) candidates after a node (node -1, depth -1, token None: the anchor), each scored as its
+    parent's score plus its own log-probability; the best open candidate joins the tree next and opens its own
+    children. Returns the tree in the order it was built (a parent before its children) as
+    `Proposal(tokens [N], parents=[N])`."""
+    heap = [(-lp, 0, -1, tok) for lp, tok in children(-1, -1, -1, None)]        # (-score, depth, parent, token)
     heapq.heapify(heap)
-    tokens, parents, scores = [], [], []
+    tokens, parents = [], []
     while heap and len(tokens) < nodes:
-        neg, depth, parent, rank = heapq.heappop(heap)
+        neg, depth, parent, tok = heapq.heappop(heap)
         node = len(tokens)
-        tokens.append(ids[depth][rank])
+        tokens.append(tok)
         parents.append(parent)
-        scores.append(-neg)
-        if depth + 1 < k:
-            for r, x in enumerate(lp[depth + 1]):
-                heapq.heappush(heap, (neg - x, depth + 1, node, r))
-    dev = logits.device
-    return Proposal(torch.tensor(tokens, dtype=torch.long, device=dev),
-                    parents=torch.tensor(parents, dtype=torch.long, device=dev))
+        for lp, child in children(node, parent, depth, tok):
+            heapq.heappush(heap, (neg - lp, depth + 1, node, child))
+    return Proposal(torch.tensor(tokens, dtype=torch.long, device=device),
+                    parents=torch.tensor(parents, dtype=torch.long, device=device))
+
+
+def top(logits: torch.Tensor, top_k: int) -> list[list[tuple[float, int]]]:
+    """Per row of `[n, V]` logits, its `top_k` (log-probability, token) pairs, in one copy to the host."""
+    lp, ids = torch.log_softmax(logits.float(), dim=-1).topk(min(top_k, logits.shape[-1]), dim=-1)   # [n, k'] each
+    return [list(zip(a, b)) for a, b in zip(lp.tolist(), ids.tolist())]
+
+
+def best_first(logits: torch.Tensor, top_k: int, nodes: int) -> Proposal:
+    """The tree of the `nodes` most probable paths (module docstring) from per-position draft logits `[K, V]` whose
+    positions are independent (DFlash): every node at depth d has the same candidates, position d + 1's top_k."""
+    k = logits.shape[0]
+    pairs = top(logits, top_k)
+    return grow(lambda node, parent, depth, tok: pairs[depth + 1] if depth + 1 < k else [], nodes, logits.device)

@@ -485,4 +485,4 @@ def build(cfg, target) -> DeLSDrafter:
                 learned[key] = vals[:n]
         alpha = learned["alpha"] if alpha == "learned" else alpha
         beta = learned["beta"] if beta == "learned" else beta
-    return DeLSDrafter(backbone, merged, log_prior, alpha, beta, fu.kernel, fu.cuda_graph)
+    return dflash.as_mode(DeLSDrafter(backbone, merged, log_prior, alpha, beta, fu.kernel, fu.cuda_graph), cfg)

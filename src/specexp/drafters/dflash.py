@@ -75,8 +75,13 @@ class DFlashSettings(Settings):
     def check_values(cls, mine: dict, whole: dict) -> None:
         if mine.get("mode") == "tree":
             name = mine.get("name")
-            check(name == "dflash", f"drafter.mode=tree with drafter={name}: of the DFlash family only dflash drafts "
-                                    f"trees so far; use drafter.mode=chain")
+            check(name in TREE_DRAFTERS, f"drafter.mode=tree with drafter={name}: its draft is not a tree of tokens "
+                                         f"(DEdit edits a whole block); of the DFlash family "
+                                         f"{', '.join(TREE_DRAFTERS)} draft trees; use drafter.mode=chain")
+            grid = (((whole or {}).get("replay") or {}).get("fusion_grid") or {})
+            check(grid.get("alpha") is None and grid.get("beta") is None,
+                  f"replay.fusion_grid with drafter.mode=tree ({name}): the α/β grid replays chains (every anchor's "
+                  f"chain matches at once); run it with drafter.mode=chain")
             batch = ((whole or {}).get("eval") or {}).get("batch_size", 1)
             check(batch == 1, f"eval.batch_size={batch} with drafter.mode=tree ({name}): draft trees run at "
                               f"eval.batch_size=1 only (decoding/batch_spec.py runs chains)")
@@ -93,6 +98,9 @@ class DFlashSettings(Settings):
             where = f"drafter.checkpoint={ckpt_dir!r}"
             DFlashConfig.from_dict(ckpt.read_config(repo_path(ckpt_dir), where), f"{where}: config.json")
             ckpt.weight_files(repo_path(ckpt_dir), where)
+
+
+TREE_DRAFTERS = ("dflash", "dels_rnn", "dels_markov", "domino_ft")      # drafter.mode=tree
 
 
 def _is_int(v) -> bool:
@@ -673,4 +681,9 @@ def build(cfg, target, path: Path | None = None, raw: dict | None = None) -> DFl
         check_fits(model.config, target, where)
     model = model.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
     drafter = DFlashDrafter(model, target)
+    return as_mode(drafter, cfg) if cfg.name == "dflash" else drafter      # a backbone drafts as its owner says
+
+
+def as_mode(drafter, cfg):
+    """`drafter` set to draft trees when `drafter.mode=tree` (DFlash, and the head loops built on it)."""
     return drafter.as_tree(cfg.tree.top_k, cfg.tree.total_tokens) if cfg.mode == "tree" else drafter

@@ -256,8 +256,8 @@ def build(cfg, target) -> DominoDrafter:
             check(c.alignment == h.alignment, f"{where}: a released Domino drafter trained with alignment "
                                               f"{c.alignment} (shift_label), set drafter.head.alignment={c.alignment}")
             model = model.to(device=target.device, dtype=target.dtype).requires_grad_(False)
-            return DominoDrafter(dflash.DFlashDrafter(model, target), head, target.embed_tokens.weight, h.guidance,
-                                 cfg.fusion.kernel, cfg.fusion.cuda_graph)
+            return dflash.as_mode(DominoDrafter(dflash.DFlashDrafter(model, target), head, target.embed_tokens.weight,
+                                                h.guidance, cfg.fusion.kernel, cfg.fusion.cuda_graph), cfg)
     head_init = resolve_head_init(cfg, target, "Domino", "task=train drafter=domino_ft")
     backbone = dflash.build(cfg, target, path, raw)          # the checkpoint looked at above, not read again
     if head_init == "random":
@@ -274,5 +274,5 @@ def build(cfg, target) -> DominoDrafter:
     check(backbone.first_row == 1 or c.alignment == "shifted",
           f"drafter.checkpoint={str(cfg.checkpoint)!r}: a shifted (DSpark-format) DFlash backbone needs a "
           f"head with alignment shifted, not {c.alignment}")
-    return DominoDrafter(backbone, head, target.embed_tokens.weight, h.guidance, cfg.fusion.kernel,
-                         cfg.fusion.cuda_graph)
+    return dflash.as_mode(DominoDrafter(backbone, head, target.embed_tokens.weight, h.guidance, cfg.fusion.kernel,
+                                        cfg.fusion.cuda_graph), cfg)

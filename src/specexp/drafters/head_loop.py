@@ -22,6 +22,7 @@ from ..checkpoints import resolve_init
 from ..errors import check
 from ..kernels.fusion import TritonFusion, fuse_torch, fused_logits, gumbel, pick_backend
 from .base import LazyDist, OnBackbone, Proposal, Sampling, sequence_at
+from .block_tree import grow, top
 
 
 def random_init(module: torch.nn.Module, seed: int, std: float) -> torch.nn.Module:
@@ -141,6 +142,34 @@ class SequentialDrafter(OnBackbone):
         raise NotImplementedError
 
     prepared_drafts: tuple | None = None      # (start, anchor, drafts [K]) from prepare_rows, read once by propose
+    proposes_trees, tree_top_k, tree_nodes = False, 0, 0
+
+    def as_tree(self, top_k: int, total_tokens: int) -> "SequentialDrafter":
+        """Draft best-first trees along the head (drafters/block_tree.py): `total_tokens` verified rows a round, the
+        anchor included, `top_k` tokens considered after each node."""
+        self.proposes_trees, self.tree_top_k, self.tree_nodes = True, top_k, total_tokens - 1
+        return self
+
+    @torch.inference_mode()
+    def _tree(self, anchor: int, start: int, k: int) -> Proposal:
+        """The best-first tree (block_tree.grow): a node's children are the top_k of the fused row its branch's
+        state gives, the state advanced by the node's own token; each node is one head step as it joins."""
+        x = self.block_inputs(anchor, start, k)
+        long, dev, states = x["long"], x["long"].device, []                                # [k, V]
+
+        def children(node: int, parent: int, depth: int, tok: int | None) -> list[tuple[float, int]]:
+            if node < 0:                                                  # the anchor: DFlash's first row alone
+                return top(self.fused_row(long[0], self.zero_z, 0)[None], self.tree_top_k)[0]
+            if depth + 1 >= k:                                            # the last position: no children
+                states.append(None)
+                return []
+            t = torch.tensor(tok, device=dev)
+            state = self.begin(x, t) if depth == 0 else self.advance(states[parent], t)
+            states.append(state)                                          # nodes join in order: states[node]
+            z = self.feature(x, state, depth + 1)                                           # [r]
+            return top(self.fused_row(long[depth + 1], z, depth + 1)[None], self.tree_top_k)[0]
+
+        return grow(children, self.tree_nodes, dev)
 
     def reset(self) -> None:
         super().reset()
@@ -219,6 +248,8 @@ class SequentialDrafter(OnBackbone):
             out_probs[0].copy_(p)
 
     def propose(self, anchor: int, start: int, k: int, sampling: Sampling | None) -> Proposal:
+        if self.proposes_trees:                                          # greedy / protocol A, batch 1 (engine)
+            return self._tree(anchor, start, k)
         prepared, self.prepared_drafts = self.prepared_drafts, None
         if prepared is not None and sampling is None and prepared[:2] == (start, anchor):    # this row's share
             return Proposal(prepared[2][:k])

@@ -131,7 +131,9 @@ def replay_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc: Decode
     taps, gap = tf["taps"], tf["gap"]
     k_max = drafts_per_round(drafter, dc)
     every, infos = known, None
-    if known is None and drafter is not None and batched and hasattr(drafter, "propose_all") and len(ref) > 1:
+    chains = not getattr(drafter, "proposes_trees", False)      # propose_all drafts chains; a tree goes round by round
+    if known is None and drafter is not None and batched and chains and hasattr(drafter, "propose_all") \
+            and len(ref) > 1:
         ks = torch.tensor([budget(j, k_max, dc) for j in range(len(ref) - 1)])                  # [L-1]
         every = drafter.propose_all(taps, torch.tensor(prompt + ref), prompt_len + torch.arange(len(ref) - 1), ks)
         every, infos = every if isinstance(every, tuple) else (every, None)          # infos: per-anchor round info
