@@ -361,6 +361,30 @@ def test_mini_claims_verdicts_follow_the_paired_cis(tmp_path):
     assert verdict("the local head is far cheaper to train than Domino-FT") == "not decidable at mini scale"
 
 
+def test_mini_claims_tree_row_pairs_the_trees_at_equal_budget(tmp_path):
+    """The DFlash-family tree row: DFlash tree (60 tokens) above EAGLE-3's on every prompt -> reproduced, with the
+    DeLS-RNN tree beside it; without the tree runs -> not measured, naming them."""
+    e3 = {"gsm8k": [2, 2, 3, 2], "mt_bench": [1, 2, 1, 1]}
+    _claims_run(tmp_path / "eagle3" / "eagle3_tree60", e3)
+    _claims_run(tmp_path / "trees" / "dflash-tree60", {k: [a + 1 for a in v] for k, v in e3.items()})
+    _claims_run(tmp_path / "trees" / "dels_rnn-tree60", {k: [a + 2 for a in v] for k, v in e3.items()})
+    out = tmp_path / "claims.md"
+
+    def row():
+        subprocess.run([sys.executable, str(ROOT / "experiments" / "mini_claims.py"), "--root", str(tmp_path / "r"),
+                        "--out", str(out), "--previous", str(tmp_path / "none"), "--eagle3", str(tmp_path / "eagle3"),
+                        "--trees", str(tmp_path / "trees")], capture_output=True, text=True, check=True)
+        return next(r for r in out.read_text().splitlines() if "a DFlash-family tree beats an EAGLE-3 tree" in r)
+
+    r = row()
+    assert r.split(" | ")[6] == "reproduced" and "macro Δτ +1.000" in r and "DeLS-RNN tree − EAGLE-3 tree +2.000" in r
+    import shutil
+
+    shutil.rmtree(tmp_path / "trees")
+    r = row()
+    assert r.split(" | ")[6] == "not measured" and "input missing: `trees/dflash-tree60`" in r
+
+
 def test_mini_claims_decides_the_papers_wording(tmp_path):
     """"In almost all settings": 2 of 3 benchmarks above 0 with one below is inconclusive, not reproduced; Table 4 at
     the paper's α = β = 0.3 is decided with no margin (fixed a little below learned on every prompt: contradicted)
