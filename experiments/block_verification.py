@@ -1,12 +1,14 @@
 """Block verification against protocol B at T = 1, paired over prompts, several sampling seeds (issue #50).
 
-    python experiments/block_verification.py --runs outputs/block_verification \\
+    python experiments/block_verification.py --runs outputs/block_verification --samples 4 --tokens 64 \\
         --out experiments/results/block_verification
 
 For every drafter (default: dflash, dels_rnn, eagle3 as a chain) and seed, `task=eval` runs once under
 `decoding=sample_b` and once under `decoding=sample_block` on the same prompts (`eval.run_ar=false`: τ only, no
-timing), each into RUNS/<drafter>/<protocol>-s<seed> (a rerun resumes them). Protocol B and block verification
-verify the same kind of drafts (sampled from the drafter's q), so the difference is the verification rule alone.
+timing), each into RUNS/<drafter>/<protocol>-s<seed> (a rerun resumes them; a larger --samples adds prompts to
+them). Protocol B and block verification verify the same kind of drafts (sampled from the drafter's q), so the
+difference is the verification rule alone; with the same seed both start from the same per-turn stream (the same
+drafts and uniforms until their verdicts first differ), which makes the paired difference less noisy.
 
 Pairing: per drafter, the records of all seeds are pooled, so each prompt's τ is the mean over its seeds' turns
 and the paired bootstrap resamples prompts with all their seeds (eval/metrics.py `paired_comparison`, the code
@@ -35,13 +37,12 @@ def run_all(runs: Path, drafters, seeds, samples: int, tokens: int, benchmark: s
             recs = []
             for seed in seeds:
                 where = runs / d / f"{proto}-s{seed}"
-                if not (where / "summary.json").is_file():
-                    t0 = time.time()
-                    specexp.evaluate([f"drafter={d}", *DRAFTERS.get(d, []), f"decoding={preset}", f"seed={seed}",
-                                      f"benchmark={benchmark}", f"eval.num_samples={samples}",
-                                      f"eval.max_new_tokens={tokens}", "eval.run_ar=false", "logger=none",
-                                      "eval.progress=false"], out_dir=where)
-                    print(f"{d} {proto} seed {seed}: {time.time() - t0:.0f} s", flush=True)
+                t0 = time.time()          # a finished run resumes with nothing to do; more --samples add prompts
+                specexp.evaluate([f"drafter={d}", *DRAFTERS.get(d, []), f"decoding={preset}", f"seed={seed}",
+                                  f"benchmark={benchmark}", f"eval.num_samples={samples}",
+                                  f"eval.max_new_tokens={tokens}", "eval.run_ar=false", "logger=none",
+                                  "eval.progress=false"], out_dir=where)
+                print(f"{d} {proto} seed {seed}: {time.time() - t0:.0f} s", flush=True)
                 recs += load_records(where)
             out.setdefault(d, {})[proto] = recs
     return out

@@ -51,7 +51,7 @@ def main() -> None:
     chain = load_records(a.chain)
     eagle = {budget(r): load_records(r) for r in a.eagle3}
     rows = ["| tokens per round | DFlash tree τ | DFlash chain τ | Δ tree − chain | 95% CI | EAGLE-3 tree τ | "
-            "Δ DFlash − EAGLE-3 | 95% CI | prompts |", "|---:|---:|---:|---:|---|---:|---:|---|---:|"]
+            "Δ DFlash − EAGLE-3 | 95% CI | turns |", "|---:|---:|---:|---:|---|---:|---:|---|---:|"]
     per_bench = []
     for run in sorted(a.dflash, key=budget):
         n, tree = budget(run), load_records(run)
