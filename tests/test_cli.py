@@ -180,7 +180,7 @@ def test_a_different_run_is_refused_and_nothing_is_lost(cfg_factory, tmp_path):
 
 @pytest.mark.parametrize("overrides, message", [
     (["decoding.temperature=nan", "decoding.protocol=A"], "decoding.temperature=nan is not valid; expected a finite"),
-    (["decoding=sample_a", "decoding.temperature=0"], "greedy needs T=0 and protocols A/B need T>0"),
+    (["decoding=sample_a", "decoding.temperature=0"], "greedy needs T=0 and protocols A/B/block need T>0"),
     (["decoding=greedy", "decoding.protocol=C"], "decoding.protocol='C' is not valid"),
     (["decoding=sample_b", "eval.check_lossless=true"], "needs greedy decoding"),
     (["eval.max_new_tokens=0"], "eval.max_new_tokens=0 is not valid; expected an int >= 1"),
