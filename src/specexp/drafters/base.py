@@ -46,7 +46,8 @@ import torch
 
 @dataclass
 class Sampling:
-    """Draft by sampling at `temperature` (protocol B). `None` in its place means argmax drafts."""
+    """Draft by sampling at `temperature` (protocol B, block verification). `None` in its place means argmax
+    drafts."""
 
     temperature: float
     generator: torch.Generator
@@ -64,7 +65,7 @@ class LazyDist:
 @dataclass
 class Proposal:
     tokens: torch.Tensor                       # [K] long, on the target's device
-    q: torch.Tensor | LazyDist | None = None   # [K, V] distributions the tokens were sampled from (protocol B only)
+    q: torch.Tensor | LazyDist | None = None   # [K, V] distributions the tokens were sampled from (B and block)
     info: dict | None = None                   # per-round diagnostics (DEdit: passes run, the pre-edit draft)
     parents: torch.Tensor | None = None        # [K] long: a draft tree (decoding/tree.py); None = a chain
 
