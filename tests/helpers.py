@@ -167,6 +167,22 @@ def chi2_pvalue(probs: dict, counts: dict, n_runs: int, min_expected: float = 5.
     return chisquare(obs, exp).pvalue
 
 
+def sampled_fit(target, drafter, dc, seed: int, n_runs: int = 1500, prompt=(0, 1)) -> tuple[float, int]:
+    """(χ² p-value, drafts accepted) of `n_runs` generations under `dc` (a sampling protocol, max_new_tokens = steps
+    + 1) from `prompt`: their first `steps` tokens against the target's exact sequence distribution."""
+    from specexp.decoding.engine import generate
+
+    steps = dc.max_new_tokens - 1
+    gen = torch.Generator().manual_seed(seed)
+    counts, accepted = {}, 0
+    for _ in range(n_runs):
+        out = generate(target, drafter, list(prompt), dc, gen)
+        key = tuple(out.tokens[:steps])
+        counts[key] = counts.get(key, 0) + 1
+        accepted += sum(a - 1 for a in out.accept_lengths)
+    return chi2_pvalue(exact_sequence_probs(target, list(prompt), steps, dc.temperature), counts, n_runs), accepted
+
+
 # Options that make a random head matter next to a random DFlash (so the test sees the fused path), at small
 # ranks (the vocabulary-wide rank-r products dominate a CPU run); a drafter not listed runs with its YAML defaults.
 DELS = ["drafter.head.input_rank=16", "drafter.head.gru_hidden=32", "drafter.head.output_rank=16",

@@ -42,16 +42,13 @@ def interrupted_line(out_dir=None) -> str:
     """The one line of a Ctrl-C: for a run with samples, how many are kept; and how to go on."""
     kept = ""
     if out_dir is not None:
-        try:
-            from .eval.store import RUN, read_json, read_records, samples_path
+        from .eval.store import progress
 
-            plan, path = read_json(Path(out_dir) / RUN).get("samples") or {}, samples_path(out_dir)
-            done = {(r["benchmark"], r["id"]) for r in read_records(path)[0]} if path is not None else set()
-            total = sum(len(ids) for ids in plan.values())
-            kept = f" after {len(done & {(b, i) for b, ids in plan.items() for i in ids})} of {total} samples" \
-                if total else ""
-        except Exception:           # no run.json yet, or unreadable: the line says less, never more
-            kept = ""
+        try:
+            done = progress(out_dir)
+        except Exception:           # an unreadable run.json or samples file: the line says less, never more
+            done = None
+        kept = f" after {done[0]} of {done[1]} samples" if done else ""
     return f"interrupted (Ctrl-C){kept}; rerun the same command to resume" + (
         f" (finished samples are kept in {out_dir})" if kept else "")
 

@@ -5,7 +5,7 @@ equal a full recompute of the committed sequence; bad trees and trees under prot
 import pytest
 import torch
 
-from helpers import chi2_pvalue, exact_sequence_probs, micro_target
+from helpers import micro_target, sampled_fit
 from specexp.decoding import engine as E
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.decoding.tree import TreeVerdict, layout, verify_tree
@@ -208,14 +208,7 @@ def sample_protocol_a(monkeypatch=None, n_runs=1500):
     steps, temp = 3, 1.0
     drafter = TreeOracle(None, 2, "random", nodes=6, depth=3, vocab=t.vocab_size, truth=False, seed=3)
     dc = DecodeConfig(protocol="A", temperature=temp, max_new_tokens=steps + 1)
-    gen = torch.Generator().manual_seed(1234)
-    counts, accepted = {}, 0
-    for _ in range(n_runs):
-        out = generate(t, drafter, [0, 1], dc, gen)
-        key = tuple(out.tokens[:steps])
-        counts[key] = counts.get(key, 0) + 1
-        accepted += sum(a - 1 for a in out.accept_lengths)
-    return chi2_pvalue(exact_sequence_probs(t, [0, 1], steps, temp), counts, n_runs), accepted, n_runs
+    return (*sampled_fit(t, drafter, dc, 1234, n_runs), n_runs)
 
 
 @pytest.mark.slow

@@ -5,9 +5,8 @@ path, replaying its captured body (run eagerly on CPU) drafts exactly what the e
 
 Drafter-specific behaviour (fusion formulas, edit rules, alignments, kernels) is tested in each drafter's file."""
 import pytest
-import torch
 
-from helpers import STRONG, EagerLoop, chi2_pvalue, exact_sequence_probs, micro_target
+from helpers import STRONG, EagerLoop, micro_target, sampled_fit
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 
@@ -42,17 +41,10 @@ def test_sampled_drafts_keep_the_target_distribution(cfg_factory, name, protocol
     verification reads)."""
     t = micro_target()
     drafter = build(cfg_factory, t, name)
-    steps, n_runs, temp = 3, 1500, 1.0
-    dc = DecodeConfig(protocol=protocol, temperature=temp, max_new_tokens=steps + 1)
-    gen = torch.Generator().manual_seed(1234)
-    counts, accepted = {}, 0
-    for _ in range(n_runs):
-        out = generate(t, drafter, [0, 1], dc, gen)
-        key = tuple(out.tokens[:steps])
-        counts[key] = counts.get(key, 0) + 1
-        accepted += sum(a - 1 for a in out.accept_lengths)
+    n_runs = 1500
+    dc = DecodeConfig(protocol=protocol, temperature=1.0, max_new_tokens=4)
+    pvalue, accepted = sampled_fit(t, drafter, dc, 1234, n_runs)
     assert accepted > n_runs // 20, accepted        # drafts are accepted: the test exercises acceptance
-    pvalue = chi2_pvalue(exact_sequence_probs(t, [0, 1], steps, temp), counts, n_runs)
     assert pvalue > 1e-3, (name, protocol, pvalue)
 
 

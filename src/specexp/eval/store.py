@@ -239,6 +239,18 @@ def samples_path(run_dir) -> Path | None:
     return path if path.exists() else packed if packed.exists() else None
 
 
+def progress(run_dir) -> tuple[int, int] | None:
+    """(finished samples, samples planned) of a run directory, from its run.json plan and its records (a sample's
+    turns are appended together, so a sample with records is finished); None without a plan."""
+    run, path = Path(run_dir) / RUN, samples_path(run_dir)
+    plan = (read_json(run).get("samples") or {}) if run.is_file() else {}
+    planned = {(b, i) for b, ids in plan.items() for i in ids}
+    if not planned:
+        return None
+    done = {(r["benchmark"], r["id"]) for r in read_records(path)[0]} if path is not None else set()
+    return len(done & planned), len(planned)
+
+
 def run_records(run_dir) -> list[dict]:
     """The records of a run directory (a finished run, or one in progress: its torn last line dropped), for the
     readers of results (compare, report, experiment scripts); a directory without results is one line."""
