@@ -76,6 +76,57 @@ def test_a_tree_keeps_the_target_distribution_under_protocol_a(cfg_factory, name
     assert pvalue > 1e-3
 
 
+@pytest.mark.parametrize("name", ["dels_rnn", "dels_markov", "domino_ft"])
+def test_a_head_tree_is_the_most_probable_paths_of_its_branches(cfg_factory, name):
+    """The level-batched search (block_tree.grow) against brute force: every path over each branch's own top_k,
+    scored one vector at a time along its branch (begin / advance / feature / fused_row); the tree holds the best."""
+    t = micro_target(vocab=64, hidden=32, layers=2)
+    k, top_k, nodes = 4, 3, 17
+    d = tree_drafter(cfg_factory, t, f"drafter.tree.top_k={top_k}", f"drafter.tree.total_tokens={nodes + 1}",
+                     "drafter.block_size=5", *HEADS[name])
+    prompt = torch.randint(0, 63, (9,), generator=torch.Generator().manual_seed(5)).tolist()
+    seen, block_inputs, propose = [], d.block_inputs, d.propose                     # the engine's first round
+    d.block_inputs = lambda *a: seen.append(block_inputs(*a)) or seen[-1]
+    d.propose = lambda *a: seen.append(propose(*a)) or seen[-1]
+    generate(t, d, prompt, DecodeConfig(max_new_tokens=8))
+    x, prop = seen[0], seen[1]
+    assert x["long"].shape[0] == k
+
+    def kids(i, z):                                                                  # [(log-prob, token)] top_k
+        lp = torch.log_softmax(d.fused_row(x["long"][i], z, i).double(), -1)
+        v, ids = lp.topk(top_k)
+        return list(zip(v.tolist(), ids.tolist()))
+
+    every = {}                                                                       # path → score
+
+    def walk(path, score, state):
+        every[path] = score
+        if len(path) == k:
+            return
+        i = len(path)
+        tok = torch.tensor(path[-1])
+        state = d.begin(x, tok) if i == 1 else d.advance(state, tok)
+        for lp, c in kids(i, d.feature(x, state, i)):
+            walk(path + (c,), score + lp, state)
+
+    with torch.inference_mode():                                                     # as the engine runs the head
+        for lp, c in kids(0, d.zero_z):
+            walk((c,), lp, None)
+    tokens, parents = prop.tokens.tolist(), prop.parents.tolist()
+    assert all(p < i for i, p in enumerate(parents)) and len(tokens) == nodes
+    paths = []
+    for i in range(len(tokens)):
+        j, path = i, []
+        while j >= 0:
+            path.append(tokens[j])
+            j = parents[j]
+        paths.append(tuple(reversed(path)))
+    assert all(p in every for p in paths) and len(set(paths)) == nodes               # paths of the branches' top_k
+    want = sorted(every.values(), reverse=True)[:nodes]
+    assert sorted((every[p] for p in paths), reverse=True) == pytest.approx(want, abs=1e-4)
+    assert max(map(len, paths)) > 1
+
+
 @pytest.mark.parametrize("extra, message", [
     (["drafter=dedit", "drafter.mode=tree"], "drafter.mode=tree with drafter=dedit: its draft is not a tree of "
                                              "tokens (DEdit edits a whole block)"),

@@ -22,7 +22,7 @@ from ..checkpoints import resolve_init
 from ..errors import check
 from ..kernels.fusion import TritonFusion, fuse_torch, fused_logits, gumbel, pick_backend
 from .base import LazyDist, OnBackbone, Proposal, Sampling, sequence_at
-from .block_tree import grow, top
+from .block_tree import Candidates, grow, top
 
 
 def random_init(module: torch.nn.Module, seed: int, std: float) -> torch.nn.Module:
@@ -152,24 +152,23 @@ class SequentialDrafter(OnBackbone):
 
     @torch.inference_mode()
     def _tree(self, anchor: int, start: int, k: int) -> Proposal:
-        """The best-first tree (block_tree.grow): a node's children are the top_k of the fused row its branch's
-        state gives, the state advanced by the node's own token; each node is one head step as it joins."""
+        """The tree of the most probable paths (block_tree.grow): a node's children are the top_k of the fused row
+        its branch's state gives, the state advanced by the node's own token; one batched head step a level."""
         x = self.block_inputs(anchor, start, k)
-        long, dev, states = x["long"], x["long"].device, []                                # [k, V]
+        long, dev, states = x["long"], x["long"].device, {}                               # [k, V]; node → state
 
-        def children(node: int, parent: int, depth: int, tok: int | None) -> list[tuple[float, int]]:
-            if node < 0:                                                  # the anchor: DFlash's first row alone
-                return top(self.fused_row(long[0], self.zero_z, 0)[None], self.tree_top_k)[0]
-            if depth + 1 >= k:                                            # the last position: no children
-                states.append(None)
-                return []
-            t = torch.tensor(tok, device=dev)
-            state = self.begin(x, t) if depth == 0 else self.advance(states[parent], t)
-            states.append(state)                                          # nodes join in order: states[node]
-            z = self.feature(x, state, depth + 1)                                           # [r]
-            return top(self.fused_row(long[depth + 1], z, depth + 1)[None], self.tree_top_k)[0]
+        def expand(d: int, ids: list[int], parents: list[int], toks: list[int]) -> list[Candidates]:
+            t = torch.tensor(toks, device=dev)                                              # [a]
+            if d == 0:
+                state = self.begin(x, t)                                                    # [a, ...]
+            else:
+                state = self.advance(torch.stack([states[p] for p in parents]), t)
+            states.update(zip(ids, state))
+            z = self.feature(x, state, d + 1)                                               # [a, r]
+            return top(self.fused_row(long[d + 1].expand(len(ids), -1), z, d + 1), self.tree_top_k)
 
-        return grow(children, self.tree_nodes, dev)
+        roots = top(self.fused_row(long[0], self.zero_z, 0)[None], self.tree_top_k)[0]   # DFlash's first row alone
+        return grow(roots, expand, self.tree_nodes, k, dev)
 
     def reset(self) -> None:
         super().reset()
