@@ -1,4 +1,4 @@
-"""The static engine's steps eager against compiled (`target.compile=true`, static_target.py) on one machine: an AR
+"""The static engine's steps eager against compiled (`target.compile=true`, targets/static.py) on one machine: an AR
 step (1 row) and a verify of k + 1 rows after a real prompt, each rolled back, per engine:
 
   eager       target.engine=static: the sliced window `[:length + T]`, plain PyTorch
@@ -59,7 +59,7 @@ def main() -> None:
     from specexp.cli import CONF_DIR
     from specexp.decoding.engine import DecodeConfig, generate
     from specexp.machine import FLAGS, cpu_info
-    from specexp.static_target import StaticTarget
+    from specexp.targets.static import StaticTarget
 
     torch.set_num_threads(args.threads)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

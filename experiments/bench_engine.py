@@ -1,7 +1,7 @@
 """specexp's decoding beside the peers, in one run on one machine. Peers: HF `generate` greedy (the baseline of
 every ratio), HF `generate` with a static cache (`cache_implementation="static"`), HF prompt-lookup decoding and
 HF's built-in DFlash (`speculation_type="dflash"`, holding the weights of specexp's DFlash drafter). specexp: AR and
-each drafter of `--drafters` on the static engine (`target.engine=static`, static_target.py), AR and the drafters
+each drafter of `--drafters` on the static engine (`target.engine=static`, targets/static.py), AR and the drafters
 of `--hf-engine` also on the HF-eager reference engine. Same prompts, threads and token budget; the contenders
 are interleaved prompt by prompt in every repeat, so a change of machine load falls on all of them. A peer that
 cannot run here (this transformers has no such option, or it fails on this model) is a table row with the
@@ -88,8 +88,8 @@ def main() -> None:
     from specexp.config import EvalConfig
     from specexp.decoding.engine import DecodeConfig, drafts_per_round, generate
     from specexp.eval.summary import draft_vocab, max_drafts
-    from specexp.kernels import cpu_linear
-    from specexp.static_target import StaticTarget
+    from specexp.targets import cpu_linear
+    from specexp.targets.static import StaticTarget
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2_135m")

@@ -1,6 +1,6 @@
 """What `target.prepack` buys one target forward on this CPU: blocks of 1, 2, 4 and 8 rows (an AR step and verifies
 of 1, 3 and 7 drafts) after a 100-token prompt, with the linear layers packed (the plan `target.prepack=auto`
-measured here, kernels/cpu_linear.py) and plain (`F.linear`), interleaved within every repeat so that a change of
+measured here, targets/cpu_linear.py) and plain (`F.linear`), interleaved within every repeat so that a change of
 load falls on both. Prints ms per forward (median over repeats) and each block in AR steps of its own variant; the
 CPU, its flags, the threads and the load go in the header.
 

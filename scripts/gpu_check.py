@@ -787,7 +787,7 @@ def _build_qwen3(ctx, shape: dict, dtype, name: str = "qwen3_8b_shape"):
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from specexp.targets import QWEN3_MASK_ID, Target, attn_implementation
+    from specexp.targets.hf import QWEN3_MASK_ID, Target, attn_implementation
 
     dev = ctx.device
     cuda = dev.type == "cuda"
@@ -940,7 +940,7 @@ def part_qwen3_8b_shape(ctx) -> dict:
             "min_top2_gap": float(top2_gap(lb).min()), "logit_std": float(lb.std())}
 
     with step(f, checks, "static_engine"):    # target.engine=static: the same weights over a preallocated KV cache
-        from specexp.static_target import StaticTarget
+        from specexp.targets.static import StaticTarget
 
         st = StaticTarget.of(t)
         sc = st.new_cache(P + 2 * B)
@@ -1052,7 +1052,7 @@ def part_static_graph(ctx) -> dict:
 
     from specexp.eval.metrics import top2_gap
     from specexp.kernels import graphs
-    from specexp.static_target import StaticTarget
+    from specexp.targets.static import StaticTarget
 
     dev, dtype = ctx.device, qwen3_dtype(ctx)
     cuda = dev.type == "cuda"
@@ -1177,7 +1177,7 @@ def part_batched_ar(ctx) -> dict:
 
     from specexp.decoding.batch import generate_batched
     from specexp.decoding.engine import DecodeConfig, generate
-    from specexp.static_target import StaticTarget
+    from specexp.targets.static import StaticTarget
 
     dev, dtype = ctx.device, qwen3_dtype(ctx)
     cuda = dev.type == "cuda"
@@ -1291,7 +1291,7 @@ def part_plan_calibration(ctx) -> dict:
     from specexp import benchmarks, registry
     from specexp.eval import plan
     from specexp.eval.shards import timed_subset
-    from specexp.static_target import StaticTarget
+    from specexp.targets.static import StaticTarget
 
     dev, dtype = ctx.device, qwen3_dtype(ctx)
     cuda = dev.type == "cuda"
@@ -1676,7 +1676,7 @@ def part_batch_spec(ctx) -> dict:
 
     from specexp import registry
     from specexp.decoding.engine import DecodeConfig
-    from specexp.static_target import StaticTarget
+    from specexp.targets.static import StaticTarget
 
     dev, dtype = ctx.device, qwen3_dtype(ctx)
     cuda = dev.type == "cuda"

@@ -47,8 +47,8 @@ def tiny_target():
 
 @pytest.fixture(scope="module")
 def static(tiny_target):
-    """The tiny target on the static engine (static_target.py): the same modules and weights, another KV cache."""
-    from specexp.static_target import StaticTarget
+    """The tiny target on the static engine (targets/static.py): the same modules and weights, another KV cache."""
+    from specexp.targets.static import StaticTarget
 
     return StaticTarget.of(tiny_target)
 

@@ -127,7 +127,7 @@ def micro_target(vocab: int = 5, hidden: int = 16, layers: int = 2, std: float =
     The last id doubles as the DFlash mask token (an input-only id); no tokenizer, no stop tokens."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from specexp.targets import Target
+    from specexp.targets.hf import Target
 
     config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=hidden // 2,

@@ -7,7 +7,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "specexp"
 CORE = ("specexp.decoding", "specexp.drafters", "specexp.kernels")
 ABOVE = ("specexp.eval", "specexp.training", "specexp.registry", "specexp.cli", "specexp.__main__", "specexp.api",
-         "specexp.tasks", "specexp.report", "specexp.tracking", "specexp.engine_export")
+         "specexp.tasks", "specexp.report", "specexp.tracking", "specexp.export.engines")
 
 
 def _module_name(path: Path) -> str:

@@ -46,7 +46,7 @@ def bad(tmp_path_factory):
     from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel
     from specexp.drafters.layers import init_weights
     from specexp.paths import cache_root
-    from specexp.targets import qwen3_tokenizer
+    from specexp.targets.hf import qwen3_tokenizer
 
     root = tmp_path_factory.mktemp("bad")
     tok = qwen3_tokenizer(cache_root(os.environ["SPECEXP_CACHE"]))
@@ -518,7 +518,7 @@ CASES = [
          "replay.export='TMP/refs.json.gz' is a directory; expected the name of a file to write",
          file_at("refs.json.gz", None)),
 
-    # ---- task=export (src/specexp/engine_export.py): refused before the run directory holds a file
+    # ---- task=export (src/specexp/export/engines.py): refused before the run directory holds a file
     case("export_format_unknown", [*EXPORT, "export.format=onnx"],
          "export.format='onnx' is not valid; expected vllm, sglang, zlab or hf"),
     case("export_dels_no_route", [*EXPORT, "drafter=dels_rnn"],

@@ -1,4 +1,4 @@
-"""`target.prepack` (kernels/cpu_linear.py): a bf16 CPU target's linear layers with oneDNN-packed weights give the
+"""`target.prepack` (targets/cpu_linear.py): a bf16 CPU target's linear layers with oneDNN-packed weights give the
 unpacked model's logits bit for bit and its greedy tokens, on both engines, with a drafter that calls the target's
 lm_head; an fp32 target's packed products (each kind forced, and the measured plan) give the unpacked logits to
 the last bits, the same greedy tokens, and every drafter's greedy output equals packed AR's; the parameters,
@@ -11,7 +11,7 @@ import torch
 from helpers import STRONG, OracleDrafter
 from specexp import registry
 from specexp.errors import UserError
-from specexp.kernels import cpu_linear
+from specexp.targets import cpu_linear
 
 needs_bf16 = pytest.mark.skipif(not cpu_linear.available(), reason="this CPU / torch cannot pack bf16 for oneDNN")
 
@@ -91,7 +91,7 @@ def test_auto_packs_fp32_only_where_it_pays_and_true_refuses_what_it_cannot_do(c
 def test_prepack_is_not_a_setting_of_a_run(cfg_factory):
     """bf16: bit-identical outputs; fp32: last-bit differences, as between machines: a run made with it resumes
     without it, so run.json does not record it (run_info.json does)."""
-    from specexp.targets import target_settings
+    from specexp.targets.hf import target_settings
 
     a, b = (target_settings(cfg_factory(f"target.prepack={p}").target, torch.device("cpu")) for p in ("auto", "false"))
     assert a == b and "prepack" not in a
@@ -135,7 +135,7 @@ def test_a_trainable_or_rewritten_weight_is_never_served_from_the_packed_copy():
 
 @needs_bf16
 def test_the_compiled_step_refuses_a_packed_model(cfg_factory):
-    from specexp.static_target import StaticTarget
+    from specexp.targets.static import StaticTarget
 
     _, t = _target(cfg_factory, "true")
     with pytest.raises(UserError, match="target.compile=true on a model whose linear layers are packed"):
@@ -279,8 +279,9 @@ def test_a_model_over_the_size_floor_is_packed_by_its_measured_plan(tmp_path, mo
                                                ({"avx2", "avx512f", "avx512_bf16"}, torch.bfloat16, "bf16"),
                                                ({"avx2", "amx_bf16", "amx_tile"}, torch.bfloat16, "bf16")])
 def test_auto_resolves_dtype_packing_cap_and_engine_per_cpu(monkeypatch, flags, dtype, cap):
-    from specexp import machine, targets
+    from specexp import machine
     from specexp.eval import summary
+    from specexp.targets import hf as targets
 
     info = {"model": "mocked", "flags": {f: f in flags for f in machine.FLAGS}, "cores": 2}
     monkeypatch.setattr(machine, "cpu_info", lambda: info)

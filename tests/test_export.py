@@ -1,4 +1,4 @@
-"""task=export (src/specexp/engine_export.py): an exported drafter loads back bit for bit and replays to the same
+"""task=export (src/specexp/export/engines.py): an exported drafter loads back bit for bit and replays to the same
 greedy τ; its config.json carries the fields, and its safetensors the names and dtypes, that vLLM's and SGLang's
 loaders read (docs/export.md); the card names target, data, τ and the serving command; the push goes through
 huggingface_hub's HfApi (a stand-in here: no network) and never writes the token anywhere. Refusals are rows of
@@ -12,9 +12,9 @@ from hydra.core.global_hydra import GlobalHydra
 from safetensors import safe_open
 
 import specexp
-from specexp import engine_export as export
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters import dflash, eagle3
+from specexp.export import engines as export
 
 COMMON = ["target=tiny_qwen3", "device=cpu", "logger=none"]
 REPLAY = [*COMMON, "benchmark=gsm8k", "eval.num_samples=2", "eval.max_new_tokens=24", "eval.progress=false",

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specexp import machine
-from specexp.targets import resolve_dtype, target_settings
+from specexp.targets.hf import resolve_dtype, target_settings
 
 XEON = """processor\t: 0
 model name\t: Intel(R) Xeon(R) Platinum 8480+

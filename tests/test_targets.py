@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from specexp.targets import QWEN3_MASK_ID, attn_implementation, cache_keyword
+from specexp.targets.hf import QWEN3_MASK_ID, attn_implementation, cache_keyword
 
 
 def test_qwen3_tokenizer_ids(tiny_target):
@@ -154,7 +154,7 @@ def test_lean_target_loads_the_vocabulary_matrices_only(tmp_path, tied, cfg_fact
     from specexp import registry
     from specexp.errors import UserError
     from specexp.paths import cache_root
-    from specexp.targets import qwen3_tokenizer
+    from specexp.targets.hf import qwen3_tokenizer
 
     tok = qwen3_tokenizer(cache_root(cfg_factory().paths.cache))
     config = Qwen3Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
@@ -182,8 +182,8 @@ def test_engine_auto_resolves_as_documented(cfg_factory, monkeypatch):
     every step shape a CUDA graph on CUDA (inductor only with target.compile=true); `hf` and `static` as asked. On a
     CPU `auto` keeps a run's settings those of `hf` (the same logits), so earlier runs and stages keep their digests."""
     from specexp import registry
-    from specexp.static_target import StaticTarget
-    from specexp.targets import resolve_engine, target_settings
+    from specexp.targets.hf import resolve_engine, target_settings
+    from specexp.targets.static import StaticTarget
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_engine("auto", cpu) == resolve_engine("auto", cuda) == "static"

@@ -25,11 +25,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .engine_export import FORMATS as EXPORT_FORMATS
-from .engine_export import REPO_ID as EXPORT_REPO_ID
 from .errors import UserError
 from .eval.shards import VALID as SHARD_VALID
 from .eval.shards import is_valid as shard_is_valid
+from .export.engines import FORMATS as EXPORT_FORMATS
+from .export.engines import REPO_ID as EXPORT_REPO_ID
 from .paths import CONF_DIR
 from .schema import (
     CORES,
@@ -650,7 +650,7 @@ HALF_TRUE = ("bf16-true", "16-true")              # weights and activations in h
 
 
 def _check_compile(values: dict) -> None:
-    """`target.compile=true` compiles the static engine's steps (static_target.py): with the HF engine it would
+    """`target.compile=true` compiles the static engine's steps (targets/static.py): with the HF engine it would
     change nothing, silently."""
     t = values.get("target") or {}
     if t.get("compile") is True and t.get("engine", "hf") == "hf":

@@ -1,5 +1,5 @@
 """What this machine can compute fast, read off it rather than guessed: the CPU's model and the instruction-set
-flags that decide the target's precision (`target.dtype=auto`, targets.py) and that every summary records.
+flags that decide the target's precision (`target.dtype=auto`, targets/hf.py) and that every summary records.
 
 Native bf16 on a CPU means AVX512-BF16 (`avx512_bf16`: bf16 dot products) or AMX (`amx_bf16`: bf16 tile matrix
 multiplies). Without them PyTorch emulates bf16 matrix multiplies through fp32 and gains nothing, so `auto` keeps

@@ -9,7 +9,7 @@ carries everything the rest of the code needs to know about it:
   metrics      per-round diagnostics it reports through `Proposal.info` (eval aggregates them blindly)
   checkpoints  target name -> {drafter key: value}: the default checkpoints it uses for that target
   tokens_only  (drafter config) -> True when its training reads tokens alone (the DeLS local heads): the target
-               is then loaded without its decoder layers (targets.py, `lean`)
+               is then loaded without its decoder layers (targets/hf.py, `lean`)
   settings     its keys: a `schema.Settings` dataclass (types, defaults, the rules of valid values), which
                config.validate checks `drafter.*` against; the YAML file holds its presets. A plugin without one
                gets no key checks.
@@ -29,12 +29,12 @@ from typing import Callable, Protocol
 import torch
 from omegaconf import OmegaConf
 
-from . import targets
 from .drafters import dedit, dels, dflash, domino, eagle3
 from .errors import UserError, check, one_of
-from .kernels import cpu_linear
 from .log import get as get_logger
 from .schema import Settings, frozen
+from .targets import cpu_linear
+from .targets import hf as targets
 
 LOG = get_logger(__name__)
 
@@ -191,12 +191,12 @@ def build_target(cfg, device, lean: bool = False):
     if not lean:
         target = TARGETS[cfg.loader](cfg, device)
         if cpu_linear.wanted(cfg.get("prepack", "auto"), target.device, target.dtype, bool(cfg.get("compile"))):
-            # packed once: bf16 bit-identical, fp32 where this CPU measured it faster (kernels/cpu_linear)
+            # packed once: bf16 bit-identical, fp32 where this CPU measured it faster (targets/cpu_linear)
             n = cpu_linear.pack(target.model, cache_dir=cfg.get("cache_dir"))
             LOG.debug("target %s: %d linear layers packed (%s)", target.name, n, cpu_linear.describe(target.model))
         auto = cfg.get("engine", "hf") == "auto"
         if targets.resolve_engine(cfg.get("engine", "hf"), target.device) == "static":
-            from .static_target import StaticTarget  # the same weights, run over a preallocated KV cache
+            from .targets.static import StaticTarget  # the same weights, run over a preallocated KV cache
 
             compile = bool(cfg.get("compile", False))
             graphed = auto and target.device.type == "cuda"                 # auto: every step shape a CUDA graph
@@ -228,7 +228,7 @@ def drafter_view(cfg):
 def build_drafter(cfg, target, draft_vocab: tuple[int, str] | None = None):
     """The drafter of `cfg` for `target`; `draft_vocab`: (N, regeneration set), DFlash drafting from that set's N
     most frequent answer tokens (`eval.draft_vocab`, eval/summary.py resolves it). Where the target's linear layers
-    are packed (`target.prepack`), the drafter's own are too (kernels/cpu_linear.py: bf16 bit-identical, fp32 by the
+    are packed (`target.prepack`), the drafter's own are too (targets/cpu_linear.py: bf16 bit-identical, fp32 by the
     machine's measured plan)."""
     entry = drafter_entry(cfg.name)
     drafter = None if entry.build is None else entry.build(fill_default_checkpoints(cfg, target.name), target)

@@ -18,7 +18,6 @@ def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
     from omegaconf import OmegaConf
 
     from . import config, registry, tracking
-    from .engine_export import run_export
     from .errors import one_of
     from .eval.compare import run_compare
     from .eval.evaluator import run_eval
@@ -26,6 +25,7 @@ def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
     from .eval.merge import run_merge
     from .eval.plan import run_plan
     from .eval.replay import grid_requested, run_replay
+    from .export.engines import run_export
     from .report.dashboard import run_dashboard
     from .report.page import run_report
     from .training.dels_module import run_prior

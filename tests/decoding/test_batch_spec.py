@@ -15,7 +15,7 @@ from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters.base import Proposal
 from specexp.errors import UserError
 from specexp.eval.references import SampleJob, compute_references
-from specexp.static_target import StaticTarget
+from specexp.targets.static import StaticTarget
 
 NAMES = [n for n, e in registry.DRAFTERS.items() if e.build is not None]
 

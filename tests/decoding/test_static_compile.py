@@ -1,4 +1,4 @@
-"""`target.compile=true`: the static engine's steps after the prefill as fixed-shape functions (static_target.py),
+"""`target.compile=true`: the static engine's steps after the prefill as fixed-shape functions (targets/static.py),
 against the eager static engine and the HF-eager reference, in fp32 on the CPU. The padded window changes nothing
 a masked position could add (what lies there is ignored bit for bit), the fixed-shape step gives the eager step's
 logits and taps to rounding (another attention kernel) and the same greedy generations token for token, chains with
@@ -12,7 +12,7 @@ from helpers import EagerLoop, OracleDrafter
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.decoding.tree import layout
-from specexp.static_target import StaticTarget, step_rows, window
+from specexp.targets.static import StaticTarget, step_rows, window
 
 PROMPTS = ["What is 2+3?", "Write a haiku about rivers."]
 

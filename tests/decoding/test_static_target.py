@@ -1,4 +1,4 @@
-"""`target.engine=static` against the HF-eager reference (targets.py), in fp32 on the CPU: the same logits and taps
+"""`target.engine=static` against the HF-eager reference (targets/hf.py), in fp32 on the CPU: the same logits and taps
 bit for bit (prefill, chain blocks, rollback, tree blocks and their compaction, a grown cache), and the same
 generation token for token, with the same accept lengths and committed taps, for oracle chains and trees and for
 every registered drafter; models it cannot run are refused in one line."""
@@ -11,7 +11,7 @@ from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.decoding.tree import layout
 from specexp.errors import UserError
-from specexp.static_target import StaticTarget
+from specexp.targets.static import StaticTarget
 
 PROMPTS = ["What is 2+3?", "Write a haiku about rivers."]
 

@@ -3,7 +3,7 @@
 What the references of replay (eval/references.py) need is the target's greedy continuation of many prompts; at
 batch 1 a step reads every weight to produce one token, at batch B the same read produces B. The loop:
 
-  rows = B slots of one cache `[L, B, Hkv, S, D]` (static_target.RowsKV), each with its own length
+  rows = B slots of one cache `[L, B, Hkv, S, D]` (targets.static.RowsKV), each with its own length
   while any work is left:
       every free row takes the next prompt: a prefill of its own (the batch-1 forward, on the row's slice of the
           cache), whose last logits give the row's first token
@@ -37,7 +37,7 @@ __all__ = ["Job", "generate_batched"]
 def generate_batched(target, jobs: Iterable[Job], dc: DecodeConfig, batch_size: int,
                      on_done: Callable[[Job], None], capacity: int = 0) -> int:
     """Run every job's turns greedily, `batch_size` rows at a time (module docstring); `target` must have
-    `forward_rows` (static_target.StaticTarget). `on_done(job)` is called as each job ends, in the order they
+    `forward_rows` (targets.static.StaticTarget). `on_done(job)` is called as each job ends, in the order they
     end. `capacity`: the first cache size a row gets (grown as prompts need). Returns the steps run."""
     check(dc.protocol == "greedy", f"batched generation is greedy only (got decoding.protocol={dc.protocol})")
     return speculate_batched(target, None, jobs, dc, batch_size, on_done, capacity=capacity)

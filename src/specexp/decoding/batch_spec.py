@@ -5,7 +5,7 @@ At batch 1 (decoding/engine.py) a verify reads every weight to check K + 1 token
 checks B (K + 1). Whether speculation still pays at batch B depends on τ, on the drafter's cost and on when the
 B (K + 1) rows stop being free (the matrix units fill): experiments/bench_batch.py measures where it stops.
 
-  rows = B slots of one target cache `[L, B, Hkv, S, D]` (static_target.RowsKV), each with its own length, and one
+  rows = B slots of one target cache `[L, B, Hkv, S, D]` (targets.static.RowsKV), each with its own length, and one
          drafter fork each (drafters/base.py `fork`: shared weights, a context of its own)
   a free row takes the next prompt: its own prefill (the batch-1 forward on the row's slice), whose last logits give
       the first token, and its fork's prefill on the prompt's taps
@@ -80,7 +80,7 @@ def speculate_batched(target, drafter, jobs: Iterable[Job], dc: DecodeConfig, ba
                       on_done: Callable[[Job], None], generator: torch.Generator | None = None,
                       capacity: int = 0) -> int:
     """Run every job's turns, `batch_size` rows at a time, with `drafter` (None: the autoregressive baseline, K = 0)
-    under `dc` (module docstring). `target` must have `forward_rows` (static_target.StaticTarget). `on_done(job)` as
+    under `dc` (module docstring). `target` must have `forward_rows` (targets.static.StaticTarget). `on_done(job)` as
     each job ends. `generator`: the sampling stream of rows whose job brings none. Returns the rounds run."""
     check(dc.protocol in PROTOCOLS, f"decoding.protocol={dc.protocol!r}: one of {', '.join(PROTOCOLS)}")
     check(batch_size >= 1, f"batch size {batch_size}: at least 1")

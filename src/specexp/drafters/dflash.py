@@ -439,7 +439,7 @@ class RowsBlock:
 
     def logits(self) -> torch.Tensor:
         if self._logits is None:
-            # contiguous: a strided bf16 input misses the packed oneDNN product (kernels/cpu_linear.py), ~50x slower
+            # contiguous: a strided bf16 input misses the packed oneDNN product (targets/cpu_linear.py), ~50x slower
             self._logits = self.lm_head(self.hidden[:, self.rows].contiguous())             # [n, K, V]
         return self._logits
 

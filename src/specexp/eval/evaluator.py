@@ -35,9 +35,9 @@ from ..decoding.batch_spec import speculate_batched
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round, generate
 from ..errors import check
 from ..files import write_json, write_text_atomic
-from ..kernels import cpu_linear
 from ..machine import resolve_device
 from ..report.tables import summary_markdown
+from ..targets import cpu_linear
 from ..tracking import make_logger, run_info
 from . import metrics, shards
 from .references import SampleJob, batch_engine

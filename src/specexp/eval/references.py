@@ -207,7 +207,7 @@ def compute_references(target, samples, dc: DecodeConfig, batch_size: int, on_do
 def batch_engine(target):
     """`target` as the static engine (the same modules and weights), which batched generation runs on; a model the
     static engine cannot run is refused in one line (`StaticTarget.of`)."""
-    from ..static_target import StaticTarget
+    from ..targets.static import StaticTarget
 
     return target if isinstance(target, StaticTarget) else StaticTarget.of(target)
 

@@ -44,7 +44,7 @@ from ..errors import UserError, check, invariant
 from ..files import write_json, write_text_atomic
 from ..machine import resolve_device
 from ..report.tables import summary_markdown
-from ..targets import target_settings
+from ..targets.hf import target_settings
 from ..tracking import make_logger, run_info
 from . import metrics, shards
 from .references import ReferenceStore, batch_engine, compute_references, set_fingerprint, turns_with_prompts

@@ -16,7 +16,7 @@ from ..config import DecodingConfig, EvalConfig
 from ..decoding.engine import DecodeConfig, drafts_per_round
 from ..machine import describe
 from ..paths import repo_path
-from ..targets import resolve_dtype, target_settings
+from ..targets.hf import resolve_dtype, target_settings
 from . import metrics
 from .store import content_digest
 
@@ -24,7 +24,7 @@ from .store import content_digest
 # (DFlash, mini target, 2-core AVX512-BF16 EPYC; 2, 3, 4 and 7 drafts paired on 70 prompts: 3 gave macro +0.11x
 # [+0.08, +0.14] over the drafter's own 7 for -0.015 tau; experiments/results/draft_cap/dflash-tune-bf16-all.md).
 CPU_BF16_MAX_DRAFTS = 3
-# ... and in fp32, with the linear layers packed by the measured plan (kernels/cpu_linear.py): 2, 3, 4 and 7 drafts
+# ... and in fp32, with the linear layers packed by the measured plan (targets/cpu_linear.py): 2, 3, 4 and 7 drafts
 # paired on 56 tuning prompts of 7 benchmarks (2-core Xeon, idle): 3 gave macro +0.118x [+0.108, +0.130] over 7 for
 # -0.020 tau, ahead of 2 (+0.085) and 4 (+0.012) (experiments/results/draft_cap/dflash-tune-fp32-packed.md).
 CPU_FP32_MAX_DRAFTS = 3

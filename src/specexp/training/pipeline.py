@@ -42,7 +42,7 @@ from ..eval.store import claimed_for
 from ..files import replace_atomic, write_json, write_text_atomic
 from ..machine import resolve_device
 from ..paths import cache_root
-from ..targets import target_settings
+from ..targets.hf import target_settings
 from . import data as D
 from .distributed import Placement, device_check, make_strategy, placement, whole_module
 

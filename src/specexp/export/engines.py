@@ -38,8 +38,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import log
-from .errors import UserError, check
+from .. import log
+from ..errors import UserError, check
 
 FORMATS = ("vllm", "sglang", "zlab", "hf")
 EXPORTABLE = ("dflash", "eagle3", "domino_ft")
@@ -152,8 +152,8 @@ def plan(cfg, run_dir) -> Plan:
     """Check everything an export needs and load the drafter; nothing is written. One `UserError` line per fault."""
     import torch
 
-    from . import checkpoints as ckpt
-    from .drafters import dflash, eagle3
+    from .. import checkpoints as ckpt
+    from ..drafters import dflash, eagle3
 
     ex, d = cfg.export, cfg.drafter
     if (line := refusal(d.name)) is not None:
@@ -212,8 +212,8 @@ def domino_plan(d, ex, source: Path, where: str, dtype, card: dict):
     would run differently is refused unless `export.force=true` (then named on the card)."""
     import torch
 
-    from . import checkpoints as ckpt
-    from .drafters import dflash, domino
+    from .. import checkpoints as ckpt
+    from ..drafters import dflash, domino
 
     raw = ckpt.read_config(source, where)
     head_dir = (d.get("head") or {}).get("checkpoint")
@@ -269,7 +269,7 @@ def serving_config_eagle3(c) -> dict:
     """The EAGLE-3 config.json with the fields the engines read beyond ours: the taps in vLLM's indexing at the
     top level (vLLM reads no `eagle_config` ids), `use_aux_hidden_state` (fc over the fused taps) and an untied
     lm_head (SGLang ties lm_head to embed_tokens when tie_word_embeddings is true)."""
-    from .drafters.eagle3 import vllm_layer_ids
+    from ..drafters.eagle3 import vllm_layer_ids
 
     config = c.to_dict()
     config["eagle_config"] = {**config.get("eagle_config", {}), "use_aux_hidden_state": True}
@@ -280,7 +280,7 @@ def serving_config_eagle3(c) -> dict:
 
 
 def _read_card(source: Path, where: str) -> dict:
-    from .checkpoints import read_object  # torch: not at import (config.py reads FORMATS from here)
+    from ..checkpoints import read_object  # torch: not at import (config.py reads FORMATS from here)
 
     f = source / "card.json"
     return read_object(f, where) if f.is_file() else {}
@@ -400,8 +400,8 @@ def card_markdown(info: dict, config: dict) -> str:
 def write(p: Plan) -> list[str]:
     """Write the export; a new directory is built beside its final name and renamed into place whole, an existing
     one (export.overwrite=true) gets each file replaced atomically. Returns the file names written."""
-    from . import checkpoints as ckpt
-    from .files import write_json, write_text_atomic
+    from .. import checkpoints as ckpt
+    from ..files import write_json, write_text_atomic
 
     def fill(d: Path) -> None:
         if p.kind == "dflash":
@@ -453,8 +453,8 @@ def upload(out: Path, repo_id: str, private: bool) -> str:
 
 def run_export(cfg, out_dir) -> dict:
     """`task=export`: plan (every check, the drafter loaded), claim the run directory, write, push when asked."""
-    from .eval.store import claimed_for
-    from .files import write_json
+    from ..eval.store import claimed_for
+    from ..files import write_json
 
     p = plan(cfg, out_dir)
     with claimed_for(out_dir, "export") as d:     # never into another run's directory, nor while one runs there

@@ -1,5 +1,5 @@
 """`target.engine=static`: the target's forward over a preallocated KV cache (gpt-fast style), beside the HF-eager
-path (`target.engine=hf`, targets.py), which stays the reference the tests compare against token for token.
+path (`target.engine=hf`, targets/hf.py), which stays the reference the tests compare against token for token.
 
 What changes against HF eager with a `DynamicCache`:
 - The keys and values of every layer live in two buffers `[L, 1, Hkv, S, D]` allocated once per generation
@@ -58,10 +58,10 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from .errors import check
-from .kernels.cpu_linear import is_packed
-from .log import get as get_logger
-from .targets import Target
+from ..errors import check
+from ..log import get as get_logger
+from .cpu_linear import is_packed
+from .hf import Target
 
 LOG = get_logger(__name__)
 MAX_STEP_ROWS = 1024            # blocks up to this many rows run through the fixed-shape step (trees: 1,024 nodes)
@@ -453,7 +453,7 @@ class StaticTarget(Target):
         """The step of this shape on these (pooled) buffers as a captured graph (kernels/graphs.GraphedLoop: warmed
         up on a side stream, where compilation and autotuning happen, then captured): the inputs copied into its
         static buffers, one replay, the outputs copied out (the next replay overwrites them)."""
-        from .kernels import graphs
+        from ..kernels import graphs
 
         key = (ids.shape[1], taps, cache.k.data_ptr(), cache.v.data_ptr())
         if key not in self._graphs:

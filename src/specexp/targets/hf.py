@@ -26,10 +26,10 @@ from typing import Sequence
 
 import torch
 
-from . import pins
-from .errors import UserError, check, invariant, one_of
-from .machine import native_bf16
-from .paths import cache_root
+from .. import pins
+from ..errors import UserError, check, invariant, one_of
+from ..machine import native_bf16
+from ..paths import cache_root
 
 QWEN3_MASK_TOKEN, QWEN3_MASK_ID = "<|MASK|>", 151669
 # Qwen2/Qwen3 special tokens in id order from 151643 (after the 151643 BPE tokens).
@@ -216,7 +216,7 @@ def target_settings(target_cfg, device: torch.device) -> dict:
     when true (the static engine computes the same logits on the CPU, and runs and stages made before the keys
     existed keep their digests), without `prepack` (bf16: its outputs are bit for bit the unpacked ones; fp32:
     they differ in the last bits, as another machine's sgemm does, which run settings do not record either:
-    kernels/cpu_linear.py), and `dtype=auto` as what it resolves to on `device` (the same run on another machine
+    targets/cpu_linear.py), and `dtype=auto` as what it resolves to on `device` (the same run on another machine
     may compute in another precision)."""
     from omegaconf import OmegaConf
 
@@ -231,7 +231,7 @@ def target_settings(target_cfg, device: torch.device) -> dict:
 
 def resolve_engine(engine: str, device: torch.device) -> str:
     """`target.engine`; `auto` = the engine measured faster on this kind of device:
-    - a CPU: `static` (preallocated KV cache, static_target.py). AR 1.06x HF greedy [1.02, 1.11] against 0.99x
+    - a CPU: `static` (preallocated KV cache, targets/static.py). AR 1.06x HF greedy [1.02, 1.11] against 0.99x
       [0.97, 1.01] for HF eager (fp32, AVX2 EPYC); 1.05x [1.02, 1.09] against 0.98x, and DFlash 1.34x against 1.26x
       (bf16, AVX512-BF16 EPYC): experiments/results/engine/README.md; the main job at macro 1.19-1.20x against
       1.11-1.12x with hf (three runs each, bf16, Xeon with AMX: docs/batched.md).
@@ -428,7 +428,7 @@ def check_hf_dir(path: Path, where: str) -> None:
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from .checkpoints import INDEX_FILE, WEIGHTS_FILE, weight_files
+    from ..checkpoints import INDEX_FILE, WEIGHTS_FILE, weight_files
 
     check((path / "config.json").is_file(), f"{where}: no config.json (not an HF model directory)")
     try:
