@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# First contact with a GPU, offline, in 9.5 minutes: every part of scripts/gpu_check.py (its docstring lists them and
-# their time limits), most valuable first, one JSON report rewritten after each part.
+# First contact with a GPU, offline, in 9.5 minutes: every part of scripts/gpu_check.py (`--help` lists them; their
+# time limits are its PARTS, each part's module in scripts/gpu_parts/ says what it measures and how its limit was set),
+# most valuable first, one JSON report rewritten after each part.
 #   bash scripts/gpu_check.sh --out gpu_check.json               # exit status 1 when a part failed
 #   bash scripts/gpu_check.sh --sections oracle_decode,kernel_parity --out rerun.json    # a subset (alias --parts)
 #   bash scripts/gpu_check.sh --dry-run                           # on a CPU: what can run there (minutes)

@@ -109,7 +109,8 @@ def test_rows_oracle_forces_every_row_through_the_batched_engine(tiny_target, st
     block pass reaches the inner forks, and RowsOracle forces each row's own AR continuation at a fractional mean
     acceptance (2.5: 2, 3, 2, 3, ...): every row's tokens equal AR's, every round accepts exactly what was forced."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    import gpu_check as gc
+    from gpu_parts.batch_spec import RowsOracle
+    from gpu_parts.common import PromptJob, random_prompts
 
     from specexp import registry
     from specexp.decoding.batch_spec import speculate_batched
@@ -118,11 +119,11 @@ def test_rows_oracle_forces_every_row_through_the_batched_engine(tiny_target, st
 
     drafter = registry.build_drafter(cfg_factory("drafter=dflash", "drafter.init=random",
                                                  "drafter.block_size=8").drafter, tiny_target)
-    prompts = gc._random_prompts(5, 3, 12, 7)
+    prompts = random_prompts(5, 3, 12, 7)
     dc = DecodeConfig(max_new_tokens=20)
-    ar = [gc._PromptJob(i, p) for i, p in enumerate(prompts)]
+    ar = [PromptJob(i, p) for i, p in enumerate(prompts)]
     speculate_batched(static, None, ar, dc, 3, lambda j: None)
-    oracle = gc.RowsOracle(drafter, {tuple(j.prompt): j.tokens for j in ar}, 2.5, static.vocab_size, static.device)
+    oracle = RowsOracle(drafter, {tuple(j.prompt): j.tokens for j in ar}, 2.5, static.vocab_size, static.device)
     assert [oracle.forced(r) for r in range(4)] == [2, 3, 2, 3]
     twin = copy.copy(oracle)
     assert twin.inner is not drafter and twin.inner.model is drafter.model and twin.refs is oracle.refs
@@ -133,7 +134,7 @@ def test_rows_oracle_forces_every_row_through_the_batched_engine(tiny_target, st
         lambda rows, anchors, starts, *rest: (prepared.append(len(rows)), real(rows, anchors, starts, *rest))))
     hook = drafter.model.register_forward_hook(lambda *a: passes.append(1))
     try:
-        jobs = [gc._PromptJob(i, p) for i, p in enumerate(prompts)]
+        jobs = [PromptJob(i, p) for i, p in enumerate(prompts)]
         rounds = speculate_batched(static, oracle, jobs, dc, 3, lambda j: None)
     finally:
         hook.remove()
