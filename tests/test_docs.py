@@ -1,6 +1,7 @@
-"""The documentation matches the repository: the README's config-group table lists every option of every group
-in conf/, the experiments and sweeps READMEs list every script and sweep file, relative links resolve, and no
-text points at notes that live outside the repository. Pure file reads: well under a second."""
+"""The documentation matches the repository: the README's first screen holds the two commands for a fresh machine,
+the README's config-group table lists every option of every group in conf/, the experiments and sweeps READMEs
+list every script and sweep file, relative links resolve, and no text points at notes that live outside the
+repository. Pure file reads: well under a second."""
 from __future__ import annotations
 
 import re
@@ -58,6 +59,24 @@ def tracked_text_files() -> list[Path]:
         skip = {".git", ".venv", "outputs", "multirun", "runs", "wandb", ".cache", "__pycache__"}
         files = [p for p in ROOT.rglob("*") if p.is_file() and not skip & set(p.relative_to(ROOT).parts)]
     return [p for p in files if p.is_file() and (p.suffix in TEXT_SUFFIXES or p.parent.name == ".ci")]
+
+
+# The README's two commands for a fresh machine: the main job, and the test suite as CI runs it (.ci/run).
+MAIN_COMMAND = "bash scripts/install.sh && .venv/bin/python -m specexp"
+TEST_COMMAND = "bash scripts/install.sh test && .venv/bin/python -m pytest -n auto --dist loadfile"
+
+
+def test_readme_first_screen_and_length():
+    """The README's first 30 lines hold both commands, verbatim, each on its own line of a code block; the README
+    stays a summary (under 400 lines: measurements and long references live under docs/)."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    first = [line.strip() for line in lines[:30]]
+    missing = [c for c in (MAIN_COMMAND, TEST_COMMAND) if c not in first]
+    assert not missing, f"README.md's first 30 lines lack: {missing}"
+    assert len(lines) < 400, f"README.md has {len(lines)} lines; move details to docs/ (the limit is 400)"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "bash scripts/install.sh test" in ci and "-n auto --dist loadfile" in ci, \
+        ".ci/run no longer runs the README's test command"
 
 
 def test_readme_layout_names_every_module():
@@ -134,7 +153,8 @@ def test_docs_index_and_relative_links():
     unlisted = [p.name for p in docs if p.name != "README.md" and f"]({p.name}" not in index]
     assert not unlisted, f"docs/README.md does not link: {', '.join(unlisted)}"
     broken = []
-    for f in [ROOT / "README.md", *docs, ROOT / "experiments" / "README.md", ROOT / "sweeps" / "README.md"]:
+    for f in [ROOT / "README.md", *docs, ROOT / "experiments" / "README.md", ROOT / "sweeps" / "README.md",
+              ROOT / "experiments" / "results" / "README.md"]:
         for target in re.findall(r"\]\(([^)\s]+)\)", f.read_text()):
             path = target.split("#", 1)[0]
             if path and "://" not in path and not (f.parent / path).exists():
