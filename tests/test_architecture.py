@@ -1,6 +1,7 @@
 """One-way dependencies, checked on the source (every import, function-local ones included):
-no import cycles among specexp's modules, no module imports another's private names, and the core layers
-(decoding/, drafters/, kernels/) never import what sits above them."""
+no import cycles among specexp's modules, no module imports another's private names, the core layers
+(decoding/, drafters/, kernels/) never import what sits above them, and every folder and flat module sits on one
+floor of LAYERS and imports only its own floor and those below (docs/architecture.md draws the same floors)."""
 import ast
 from pathlib import Path
 
@@ -8,6 +9,32 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "specexp"
 CORE = ("specexp.decoding", "specexp.drafters", "specexp.kernels")
 ABOVE = ("specexp.eval", "specexp.training", "specexp.registry", "specexp.cli", "specexp.__main__", "specexp.api",
          "specexp.tasks", "specexp.report", "specexp.tracking", "specexp.export.engines")
+
+
+# Floors, bottom first: a folder (or flat module) imports only its own floor and those below it.
+LAYERS = [
+    ("errors", "schema", "files", "paths", "pins", "clock", "log", "machine", "overrides", "checkpoints",
+     "benchmarks", "tracking"),
+    ("kernels",),
+    ("targets", "drafters"),
+    ("decoding",),
+    ("registry",),
+    ("config",),
+    ("rundir",),
+    ("report", "export"),
+    ("eval",),
+    ("training",),
+    ("tasks", "cli", "api", "__main__", "specexp"),
+]
+
+
+def _floor(module: str) -> int:
+    """The floor of a module: that of its folder (specexp.eval.store -> eval) or of the flat module itself."""
+    parts = module.split(".")
+    name = parts[1] if len(parts) > 1 else parts[0]
+    floors = [i for i, names in enumerate(LAYERS) if name in names]
+    assert floors, f"{module}: its folder or module {name!r} has no floor in LAYERS (tests/test_architecture.py)"
+    return floors[0]
 
 
 def _module_name(path: Path) -> str:
@@ -75,3 +102,14 @@ def test_core_never_imports_what_sits_above_it():
     graph = _graph()
     bad = [(m, t) for m, ts in graph.items() if m.startswith(CORE) for t in ts if t.startswith(ABOVE)]
     assert not bad, f"core modules importing upper layers: {bad}"
+
+
+def test_no_folder_imports_one_above_it():
+    graph = _graph()
+    bad = [f"{m} -> {t}" for m, ts in sorted(graph.items()) for t in sorted(ts) if _floor(t) > _floor(m)]
+    assert not bad, "imports of a higher floor (LAYERS): " + "; ".join(bad)
+
+
+def test_config_imports_nothing_above_it():
+    graph = _graph()
+    assert all(_floor(t) <= _floor("specexp.config") for t in graph["specexp.config"]), sorted(graph["specexp.config"])

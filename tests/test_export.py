@@ -12,6 +12,7 @@ from hydra.core.global_hydra import GlobalHydra
 from safetensors import safe_open
 
 import specexp
+from specexp.config import EXPORT_FORMATS
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters import dflash, eagle3
 from specexp.export import engines as export
@@ -65,7 +66,7 @@ def check_engine_fields(kind, config):
     assert config["architectures"] == [export.ARCHITECTURE[kind]]
 
 
-@pytest.mark.parametrize("fmt", export.FORMATS)
+@pytest.mark.parametrize("fmt", EXPORT_FORMATS)
 def test_dflash_export_round_trips(fmt, tiny_target, cfg_factory, tmp_path):
     src = trained_like("dflash", tiny_target, cfg_factory, tmp_path / "src")
     summary = run_export("dflash", src, tmp_path / "run", f"export.format={fmt}")

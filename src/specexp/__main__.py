@@ -28,7 +28,7 @@ from .tasks import run_task, sweeper_metric
 def error_line(e: Exception, log: Path) -> tuple[str, int]:
     """The one line and exit code of a failure: 2 for the user's input or the machine (a full disk, a read-only
     file), 1 for anything else, whose full traceback is appended to `log` (named in the line)."""
-    from .config import environment_error_message
+    from .rundir import environment_error_message
 
     if isinstance(e, UserError):
         return str(e), 2
@@ -42,7 +42,7 @@ def interrupted_line(out_dir=None) -> str:
     """The one line of a Ctrl-C: for a run with samples, how many are kept; and how to go on."""
     kept = ""
     if out_dir is not None:
-        from .eval.store import progress
+        from .rundir import progress
 
         try:
             done = progress(out_dir)

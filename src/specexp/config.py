@@ -16,7 +16,6 @@ The code reads the same dataclasses: `EvalConfig.from_cfg(cfg.eval)` is the froz
 """
 from __future__ import annotations
 
-import errno
 import functools
 import os
 import re
@@ -26,10 +25,6 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from .errors import UserError
-from .eval.shards import VALID as SHARD_VALID
-from .eval.shards import is_valid as shard_is_valid
-from .export.engines import FORMATS as EXPORT_FORMATS
-from .export.engines import REPO_ID as EXPORT_REPO_ID
 from .paths import CONF_DIR
 from .schema import (
     CORES,
@@ -97,10 +92,10 @@ def _distinct_names(v):
 
 
 def _packed_regen(v) -> bool:
+    from .files import stored
     from .paths import repo_path
-    from .training.data import stored_file
 
-    return v is None or isinstance(v, str) and (repo_path(v) / "manifest.json").is_file() and stored_file(
+    return v is None or isinstance(v, str) and (repo_path(v) / "manifest.json").is_file() and stored(
         repo_path(v) / "tokens.npy") is not None
 
 
@@ -110,6 +105,23 @@ def _data_files(v):
 
 def _corpus_dir(v):
     return v is None or isinstance(v, str) and Path(v).expanduser().is_dir()
+
+
+# eval.shard's grammar (eval/shards.py selects a shard's samples by it)
+SHARD_PATTERN = re.compile(r"(0|[1-9][0-9]*)/([1-9][0-9]*)")
+SHARD_VALID = "null (unsharded) or 'I/N' with ints 0 <= I < N, e.g. eval.shard=0/2"
+
+
+def shard_is_valid(value) -> bool:
+    """Whether `value` is a valid `eval.shard`: None, or 'I/N' with 0 <= I < N (digits only, no sign or padding)."""
+    if value is None:
+        return True
+    m = SHARD_PATTERN.fullmatch(value) if isinstance(value, str) else None
+    return m is not None and int(m[1]) < int(m[2])
+
+
+EXPORT_FORMATS = ("vllm", "sglang", "zlab", "hf")                    # export.format (export/engines.py writes them)
+EXPORT_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")   # export.repo_id: a hub repo id
 
 
 FSDP_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")     # Lightning's FSDPStrategy names
@@ -232,7 +244,7 @@ class EvalConfig(Settings):
     near_tie: float = setting(0.01, is_num(0), "a finite number >= 0 (a logit gap)")
     warmup: int = setting(1, *_ints(0, MAX_COUNT))
     save_text: bool = True
-    shard: str | None = setting(None, shard_is_valid, SHARD_VALID)     # the grammar lives with the code parsing it
+    shard: str | None = setting(None, shard_is_valid, SHARD_VALID)
     progress: bool = True
 
     @classmethod
@@ -699,85 +711,3 @@ def _check_target_fit(values: dict) -> None:
     if t.get("loader") == "tiny_qwen3" and t.get("hidden_size", 0) % max(1, t.get("num_heads", 1)):
         raise UserError(f"target.hidden_size={t['hidden_size']} must be a multiple of target.num_heads="
                         f"{t['num_heads']}")
-
-
-# ---------------------------------------------------------------------------------- the run directory
-# Files a run writes into its directory (the evaluator's results contract, the loggers, training summaries).
-RUN_FILES = ("samples.jsonl", "summary.json", "summary.md", "config.yaml", "run_info.json", "run.json",
-             "metrics.csv", "summary.csv", "train_summary.json", "data.json", "command.json")
-# Faults of the machine rather than of the program: one line, no traceback.
-ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EISDIR,
-                      errno.ENOTDIR, errno.ENAMETOOLONG, errno.EFBIG}      # EFBIG: a file-size limit (ulimit -f)
-
-
-def check_run_dir(out_dir) -> None:
-    """The run directory must be writable and none of the files a run writes may be a directory."""
-    d = Path(out_dir)
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        probe = d / f".specexp-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise UserError(f"run directory {d} is not writable ({e.strerror}); choose another hydra.run.dir") from None
-    for name in RUN_FILES:
-        if (d / name).is_dir():
-            raise UserError(f"{d / name} is a directory but the run writes a file there; move it away or choose "
-                            f"another hydra.run.dir")
-
-
-def checkpoint_paths(drafter: dict) -> dict[str, Path]:
-    """drafter.KEY -> the local directory of every `checkpoint` key (drafter.checkpoint, drafter.head.checkpoint)
-    that names one (a committed checkpoint is relative to the repository; a hub id names none)."""
-    from .paths import REPO_ROOT
-
-    out = {}
-
-    def visit(node: dict, at: str) -> None:
-        for k, v in node.items():
-            if isinstance(v, dict):
-                visit(v, f"{at}.{k}")
-            elif k == "checkpoint" and isinstance(v, str) and v:
-                p = Path(v).expanduser()
-                p = p if p.exists() or p.is_absolute() else REPO_ROOT / v
-                if p.exists():
-                    out[f"{at}.{k}"] = p.resolve()
-
-    visit(drafter, "drafter")
-    return out
-
-
-def check_run_layout(drafter: dict, out_dir) -> None:
-    """A run directory and a checkpoint it reads never nest: the run's files inside a checkpoint change its digest
-    (an identical rerun is then refused as another checkpoint), and a checkpoint inside the run directory is
-    mixed with (and counted among) the run's results. Checked before the run directory is claimed."""
-    if drafter.get("init") == "random":
-        return                                   # no checkpoint is read
-    run = Path(out_dir).resolve()
-    for key, ckpt in checkpoint_paths(drafter).items():
-        if run == ckpt or ckpt in run.parents:
-            raise UserError(f"the run directory {out_dir} is inside {key}={ckpt}: the run's files would change the "
-                            f"checkpoint; choose a hydra.run.dir outside it")
-        if run in ckpt.parents:
-            raise UserError(f"{key}={ckpt} is inside the run directory {out_dir}: keep checkpoints out of run "
-                            f"directories; choose another hydra.run.dir or move the checkpoint")
-
-
-def environment_error_message(e: OSError) -> str | None:
-    """One line for a disk or permission fault met while writing (a full disk, a read-only file system), else None."""
-    if e.errno not in ENVIRONMENT_ERRNOS:
-        return None
-    what = f" {e.filename}" if e.filename else ""
-    return f"cannot write{what}: {e.strerror or os.strerror(e.errno)}; {ENVIRONMENT_HINTS.get(e.errno, FIX)}"
-
-
-FIX = "fix the permissions or choose another directory"
-ENVIRONMENT_HINTS = {errno.ENOSPC: "free some space and rerun the same command",
-                     errno.EDQUOT: "free some space within your quota and rerun the same command",
-                     errno.EFBIG: "raise the file-size limit (ulimit -f) and rerun the same command",
-                     errno.ENAMETOOLONG: "choose a shorter path (a name has at most 255 bytes)",
-                     errno.EISDIR: "a directory stands where this file goes; move it away",
-                     errno.ENOTDIR: "a file stands where a directory of this path goes; move it away",
-                     errno.EROFS: "the file system is read-only; choose another directory"}
-
-

@@ -9,7 +9,8 @@ def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
     """Validate `cfg`, resolve the drafter's default checkpoints, check the run directory, seed, dispatch on
     `cfg.task.name`; returns what the task returns. `job`: the group choices and overrides `cfg` was composed from
     (config.hydra_choices; read from the running Hydra job when not given)."""
-    from .config import check_run_dir, check_run_layout, validate
+    from .config import validate
+    from .rundir import check_run_dir, check_run_layout
 
     validate(cfg, job)              # keys, types and ranges of the composed config, before any work
     import sys

@@ -228,7 +228,7 @@ def test_merge_refuses_what_is_not_one_finished_run_and_writes_nothing(tmp_path)
     with pytest.raises(UserError, match=f"hydra.run.dir={s1} is one of merge.runs"):
         merge_dirs(s1, s0, s1)
     # a shard that a run still writes into
-    from specexp.eval.store import lock
+    from specexp.rundir import lock
 
     held = lock(s1 / ".lock")
     try:

@@ -14,8 +14,9 @@ from specexp import benchmarks, files
 from specexp.benchmarks import Sample
 from specexp.errors import UserError
 from specexp.eval import evaluator
-from specexp.eval.store import ResultStore, read_records
+from specexp.eval.store import ResultStore
 from specexp.eval.summary import run_settings
+from specexp.rundir import read_records
 
 SETTINGS = {"target": {"name": "tiny_qwen3"}, "drafter": {"name": "dflash", "init": "random"}, "seed": 0}
 GSM = [Sample(f"g{i}", "gsm8k", [f"question {i}"]) for i in range(4)]
@@ -382,7 +383,7 @@ def test_cli_partial_multi_turn_sample_and_a_corrected_command(cfg_factory, tmp_
 ], ids=["negative", "huge", "nan_tpot", "negative_ar_tpot"])
 def test_a_record_a_reader_cannot_use_is_one_line_naming_file_and_line(tmp_path, record, fragment):
     """issue #49 rows 10, 12, 13: compare, merge and report read samples.jsonl through this reader."""
-    from specexp.eval.store import run_records
+    from specexp.rundir import run_records
 
     good = {"id": "a", "benchmark": "gsm8k", "turn": 0, "accept_lengths": [2, 1], "tpot": 0.01}
     lines = [json.dumps(good), json.dumps({**good, "id": "b", **record})]
@@ -393,7 +394,7 @@ def test_a_record_a_reader_cannot_use_is_one_line_naming_file_and_line(tmp_path,
 
 
 def test_a_reader_refuses_a_repeated_turn(tmp_path):
-    from specexp.eval.store import run_records
+    from specexp.rundir import run_records
 
     good = {"id": "a", "benchmark": "gsm8k", "turn": 0, "accept_lengths": [2, 1]}
     (tmp_path / "samples.jsonl").write_text("\n".join([json.dumps(good)] * 2) + "\n")

@@ -26,9 +26,9 @@ from omegaconf import OmegaConf
 from .. import log
 from ..errors import check
 from ..files import write_json, write_text_atomic
+from ..rundir import RUN, claimed_for, read_json, run_records
 from ..tracking import make_logger
 from . import metrics
-from .store import RUN, claimed_for, read_json, run_records
 
 _log = log.get(__name__)
 

@@ -33,9 +33,10 @@ from .. import log, registry
 from ..errors import UserError, check
 from ..files import write_json, write_text_atomic
 from ..report.tables import summary_markdown
+from ..rundir import LOCK, RUN, SAMPLES, SUMMARY, lock, read_records, read_text
 from ..tracking import make_logger, record_command, run_info
 from .shards import Shard, part
-from .store import FORMAT, LOCK, RUN, SAMPLES, SUMMARY, lock, read_records, read_text, settings_diff
+from .store import FORMAT, settings_diff
 from .summary import SUMMARY_HEADER, summarize_records
 
 CONFIG, RUN_INFO = "config.yaml", "run_info.json"

@@ -370,9 +370,9 @@ def run_plan(cfg, out_dir) -> dict:
     from ..config import BenchmarkConfig, EvalConfig, PlanConfig, ReplayConfig
     from ..files import write_json, write_text_atomic
     from ..machine import resolve_device
+    from ..rundir import claimed_for
     from .replay import CPU_REFERENCE_BATCH
     from .shards import timed_subset
-    from .store import claimed_for
 
     pc, ev = PlanConfig.from_cfg(cfg.plan), EvalConfig.from_cfg(cfg.eval)
     rp = ReplayConfig.from_cfg(cfg.replay) if cfg.get("replay") is not None else None

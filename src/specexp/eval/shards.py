@@ -29,13 +29,11 @@ run's settings (`with_timed`): a rerun that would time other samples is a differ
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 
+from ..config import SHARD_VALID as VALID
+from ..config import shard_is_valid as is_valid
 from ..errors import check
-
-PATTERN = re.compile(r"(0|[1-9][0-9]*)/([1-9][0-9]*)")
-VALID = "null (unsharded) or 'I/N' with ints 0 <= I < N, e.g. eval.shard=0/2"
 
 
 @dataclass(frozen=True)
@@ -45,14 +43,6 @@ class Shard:
 
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"
-
-
-def is_valid(value) -> bool:
-    """Whether `value` is a valid `eval.shard`: None, or 'I/N' with 0 <= I < N (digits only, no sign or padding)."""
-    if value is None:
-        return True
-    m = PATTERN.fullmatch(value) if isinstance(value, str) else None
-    return m is not None and int(m[1]) < int(m[2])
 
 
 def parse(value) -> Shard | None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +40,6 @@ from pathlib import Path
 from .. import log
 from ..errors import UserError, check
 
-FORMATS = ("vllm", "sglang", "zlab", "hf")
 EXPORTABLE = ("dflash", "eagle3", "domino_ft")
 # Why a drafter cannot be served today, and what would be needed (one line each).
 NO_ROUTE = {
@@ -54,7 +52,6 @@ NO_ROUTE = {
              "without the edits)",
 }
 WEIGHTS, CONFIG, CARD, RECORD = "model.safetensors", "config.json", "README.md", "export.json"
-REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 # What the engines' public loaders read from config.json (docs/export.md names the files): field -> JSON type.
 ENGINE_FIELDS = {
@@ -280,7 +277,7 @@ def serving_config_eagle3(c) -> dict:
 
 
 def _read_card(source: Path, where: str) -> dict:
-    from ..checkpoints import read_object  # torch: not at import (config.py reads FORMATS from here)
+    from ..checkpoints import read_object  # torch: not at import
 
     f = source / "card.json"
     return read_object(f, where) if f.is_file() else {}
@@ -453,8 +450,8 @@ def upload(out: Path, repo_id: str, private: bool) -> str:
 
 def run_export(cfg, out_dir) -> dict:
     """`task=export`: plan (every check, the drafter loaded), claim the run directory, write, push when asked."""
-    from ..eval.store import claimed_for
     from ..files import write_json
+    from ..rundir import claimed_for
 
     p = plan(cfg, out_dir)
     with claimed_for(out_dir, "export") as d:     # never into another run's directory, nor while one runs there

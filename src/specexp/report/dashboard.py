@@ -29,8 +29,8 @@ import os
 
 from .. import log
 from ..errors import check
-from ..eval.store import claimed_for, read_json
 from ..files import write_json
+from ..rundir import claimed_for, read_json
 
 # Online runs (timing, speedup) and every run with a τ summary: replay, a fusion grid's cells, merged shards
 TAU_FILTER = "JobType in ['eval', 'replay', 'grid', 'merge']"

@@ -33,8 +33,8 @@ import yaml
 
 from .. import log
 from ..errors import check
-from ..eval.store import claimed_for, read_json, read_summary
 from ..files import write_text_atomic
+from ..rundir import claimed_for, read_json, read_summary
 from . import plots
 
 

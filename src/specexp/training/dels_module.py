@@ -19,8 +19,8 @@ from .. import log
 from ..drafters import dels
 from ..drafters.dflash import DFlashDraftModel
 from ..errors import check, one_of
-from ..eval.store import claimed_for
 from ..files import write_json
+from ..rundir import claimed_for
 from .anchors import sample_anchors
 from .base import LitModule
 from .data import step_taps

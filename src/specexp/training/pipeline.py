@@ -38,10 +38,10 @@ from omegaconf import OmegaConf
 from .. import log, registry
 from ..config import DataConfig, FusionConfig, TrainConfig
 from ..errors import check
-from ..eval.store import claimed_for
 from ..files import replace_atomic, write_json, write_text_atomic
 from ..machine import resolve_device
 from ..paths import cache_root
+from ..rundir import claimed_for
 from ..targets.hf import target_settings
 from . import data as D
 from .distributed import Placement, device_check, make_strategy, placement, whole_module
