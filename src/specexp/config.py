@@ -313,7 +313,7 @@ class DataConfig(Settings):
     max_length: int = setting(512, *_ints(2, MAX_TOKENS))
     min_response_tokens: int = setting(8, *_ints(0, MAX_TOKENS))
     features: str = choice("online", "cache", words="cache or online")
-    feature_dtype: str = choice("bfloat16", "float32", "float16", words=", ".join(DTYPES))
+    feature_dtype: str = choice(*DTYPES, default="bfloat16", words=", ".join(DTYPES))
     shard_tokens: int = setting(65536, *_ints(1, MAX_SHARD_TOKENS))
 
 
@@ -351,7 +351,7 @@ class TrainConfig(Settings):
     ckpt_every: int = setting(200, is_int(1), "an int >= 1")
     log_every: int = setting(10, is_int(1), "an int >= 1")
     seed: int = setting(0, is_int(), "an int")
-    export_dtype: str = choice("bfloat16", "float32", "float16", words=", ".join(DTYPES))
+    export_dtype: str = choice(*DTYPES, default="bfloat16", words=", ".join(DTYPES))
     export_dir: str | None = None
     eval_after: bool = False
 

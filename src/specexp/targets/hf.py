@@ -26,7 +26,7 @@ from typing import Sequence
 
 import torch
 
-from .. import pins
+from .. import pins, schema
 from ..errors import UserError, check, invariant, one_of
 from ..machine import native_bf16
 from ..paths import cache_root
@@ -49,7 +49,7 @@ QWEN3_NOTHINK_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n\n</think>\n\n{% endif %}"
 )
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in schema.DTYPES}      # the one list of names: schema.DTYPES
 
 
 @dataclass

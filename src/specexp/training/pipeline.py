@@ -42,7 +42,7 @@ from ..files import replace_atomic, write_json, write_text_atomic
 from ..machine import resolve_device
 from ..paths import cache_root
 from ..rundir import claimed_for
-from ..targets.hf import target_settings
+from ..targets.hf import DTYPES, target_settings
 from . import data as D
 from .distributed import Placement, device_check, make_strategy, placement, whole_module
 
@@ -151,7 +151,7 @@ class TrainContext:
         """Sequences with target taps `layer_ids`: from the feature cache (built once) or computed in each step."""
         data, target = self.data, self.target
         if data.features == "cache":
-            dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[data.feature_dtype]
+            dtype = DTYPES[data.feature_dtype]
             meta = {"target": target_fingerprint(self.target_cfg, target), "layer_ids": list(layer_ids),
                     "dtype": data.feature_dtype, "data_hash": self.data_hash,
                     **({"subset": self.subset} if self.subset else {})}     # a subset's cache holds only its own
