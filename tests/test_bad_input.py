@@ -810,7 +810,7 @@ def test_internal_error_is_one_line_with_the_log(tmp_path, monkeypatch, capsys):
     """An unexpected exception (not the user's input): exit 1, one line, the full traceback in the run's log."""
     import specexp.eval.evaluator as evaluator
 
-    def boom(cfg, out_dir):
+    def boom(cfg, out_dir, typed):
         raise RuntimeError("an unexpected fault\nwith a second line")
 
     monkeypatch.setattr(evaluator, "run_eval", boom)

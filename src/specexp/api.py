@@ -113,17 +113,16 @@ class Pipeline:
         from .config import validate
         from .machine import resolve_device
 
-        validate(cfg, job)
+        self.settings = validate(cfg, job)          # the typed config every call reads
         self.cfg = cfg
         cfg.drafter = registry.fill_default_checkpoints(cfg.drafter, cfg.target.name)
         if cfg.get("cpu_threads") is not None:
             torch.set_num_threads(cfg.cpu_threads)
         self.device = resolve_device(cfg.device)
         self.target = registry.build_target(cfg.target, self.device)
-        from .config import EvalConfig
         from .eval.summary import draft_vocab
 
-        vocab = draft_vocab(EvalConfig.from_cfg(cfg.eval), cfg.drafter.name, self.device)
+        vocab = draft_vocab(self.settings.eval, cfg.drafter.name, self.device)
         self.drafter = registry.build_drafter(cfg.drafter, self.target, vocab)
         self._lock = threading.Lock()
 
@@ -154,7 +153,6 @@ class Pipeline:
     def _generate(self, prompts, max_new_tokens, decoding, temperature, seed) -> list[Output]:
         import torch
 
-        from .config import DecodingConfig, EvalConfig
         from .decoding.engine import drafts_per_round, generate
         from .eval.evaluator import check_fits, turn_seed
         from .eval.summary import decode_config
@@ -168,8 +166,8 @@ class Pipeline:
         protocol = decoding or self.cfg.decoding.protocol
         temp = temperature if temperature is not None else (0.0 if protocol == "greedy" else
                                                             self.cfg.decoding.temperature or 1.0)
-        dec = DecodingConfig.from_cfg(self.cfg.decoding).replaced(protocol=protocol, temperature=temp)
-        ev = EvalConfig.from_cfg(self.cfg.eval)
+        dec = self.settings.decoding.replaced(protocol=protocol, temperature=temp)
+        ev = self.settings.eval
         ev = ev.replaced(max_new_tokens=max_new_tokens) if max_new_tokens is not None else ev
         dc = decode_config(dec, ev, self.target)
         k = drafts_per_round(self.drafter, dc)

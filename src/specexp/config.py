@@ -12,7 +12,8 @@ key has its field). `validate(cfg)` checks a composed config against them:
   bounds  every size-like key has an upper bound too (schema.MAX_*, in its rule), so that an extreme value is one
           line before anything is allocated and before the run directory is claimed, not a 10 GB allocation later
 
-The code reads the same dataclasses: `EvalConfig.from_cfg(cfg.eval)` is the frozen view of a validated group.
+The code reads the same dataclasses: `validate` returns the checked `Config` (a frozen view per group), and the task's
+runner reads `s.eval`, `s.decoding`, ... from it rather than rebuilding a view (`Settings.from_cfg`) of its own.
 """
 from __future__ import annotations
 
@@ -573,9 +574,11 @@ def drafter_settings(name) -> type[Settings] | None:
     return drafter_entry(name).settings
 
 
-def validate(cfg, job: dict | None = None) -> None:
+def validate(cfg, job: dict | None = None) -> Config:
     """Check the composed config: unknown keys, types, ranges. Raises `UserError` (one line) on the first fault.
-    `job` = `hydra_choices()` (taken from the running Hydra job when not given)."""
+    `job` = `hydra_choices()` (taken from the running Hydra job when not given). Returns the checked, typed config
+    (`Config`: a frozen view per group; `drafter` stays the mapping its builder reads), the one object the task's
+    runner reads its settings from."""
     job = hydra_choices() if job is None else job
     try:
         values = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
@@ -598,6 +601,18 @@ def validate(cfg, job: dict | None = None) -> None:
         _check_values(values, own, settings, drafter, unknown)
     except UserError as e:
         raise UserError(str(e) + _interpolation_hint(cfg, str(e))) from None
+    return Config.from_dict(values)
+
+
+def checked(cfg, s: Config | None = None) -> Config:
+    """The typed config a runner reads: `s` as `validate` returned it on the task's way in (tasks.run_task, the
+    API), else the typed view of `cfg` built here (a runner called directly, as the tests call them: every group
+    checked alone, without validate's checks across groups)."""
+    if s is not None:
+        return s
+    values = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
+    values.pop("hydra", None)
+    return Config.from_cfg(values)                 # each group checked as validate checks it, alone
 
 
 def _interpolation_hint(cfg, message: str) -> str:

@@ -12,7 +12,7 @@ def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
     from .config import validate
     from .rundir import check_run_dir, check_run_layout
 
-    validate(cfg, job)              # keys, types and ranges of the composed config, before any work
+    typed = validate(cfg, job)      # keys, types and ranges of the composed config, before any work
     import sys
 
     import torch
@@ -39,8 +39,9 @@ def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
     check_run_layout(OmegaConf.to_container(cfg.drafter, resolve=True), out_dir)
     check_run_dir(out_dir)
 
-    def replay(cfg, out):                        # τ without decoding, on cached greedy references; with
-        return (run_grid if grid_requested(cfg) else run_replay)(cfg, out)   # replay.fusion_grid: the α/β grid
+    def replay(cfg, out, typed):                 # τ without decoding, on cached greedy references; with
+        runner = run_grid if grid_requested(typed.replay) else run_replay   # replay.fusion_grid: the α/β grid
+        return runner(cfg, out, typed)
 
     tasks = {"eval": run_eval, "train": run_train, "regenerate": run_regenerate, "prior": run_prior}
     tasks["replay"] = replay
@@ -59,9 +60,13 @@ def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
     command = tracking.command_record(out_dir, job or config.hydra_choices(), None if job is not None else sys.argv)
     token = tracking.COMMAND.set(command)
     try:
-        return tasks[cfg.task.name](cfg, out_dir)
+        run = tasks[cfg.task.name]
+        return run(cfg, out_dir, typed) if cfg.task.name in TYPED else run(cfg, out_dir)
     finally:
         tracking.COMMAND.reset(token)
+
+
+TYPED = ("eval", "replay", "plan", "train")       # the runners that read the typed config `validate` returned
 
 
 def sweeper_metric(summary) -> float | None:

@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from .. import benchmarks, log, registry
-from ..config import BenchmarkConfig, DecodingConfig, EvalConfig
+from ..config import Config, EvalConfig, checked
 from ..decoding.batch_spec import speculate_batched
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round, generate
 from ..errors import check
@@ -225,16 +225,16 @@ class Once:
         return ids
 
 
-def run_eval(cfg, out_dir: Path) -> dict:
+def run_eval(cfg, out_dir: Path, typed: Config | None = None) -> dict:
     """`task=eval`: evaluate `cfg.drafter` against AR on `cfg.benchmark`; returns the summary.
 
     Everything that can be wrong with the input is checked before the run directory is claimed (store.py), so a
     failed start leaves it as it was and the corrected command can use it."""
-    out_dir = Path(out_dir)
+    out_dir, typed = Path(out_dir), checked(cfg, typed)
     device = resolve_device(cfg.device)
-    ev, dec = EvalConfig.from_cfg(cfg.eval), DecodingConfig.from_cfg(cfg.decoding)
+    ev, dec = typed.eval, typed.decoding
     shard = shards.parse(ev.shard)
-    selected = benchmarks.from_config(BenchmarkConfig.from_cfg(cfg.benchmark), ev)
+    selected = benchmarks.from_config(typed.benchmark, ev)
     samples = shards.select(selected, shard)            # all of them unless eval.shard=I/N
     subset = shards.timed_subset(selected, ev.timed_samples, cfg.seed)     # over the whole selection: shard-independent
     timed_keys = shards.timed_members(subset)
@@ -249,7 +249,7 @@ def run_eval(cfg, out_dir: Path) -> dict:
     for s in samples:                   # first turns only: later ones depend on the model's answers
         check_fits(target, s.id, 0, len(target.encode_chat([{"role": "user", "content": s.turns[0]}])), dc, k)
 
-    settings = shards.with_timed(run_settings(cfg, device), ev.timed_samples, subset)
+    settings = shards.with_timed(run_settings(cfg, device, typed), ev.timed_samples, subset)
     with ResultStore(out_dir, settings, samples, shards.entry(selected, shard)) as store:
         resolved = OmegaConf.to_container(cfg, resolve=True)
         write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
@@ -261,7 +261,7 @@ def run_eval(cfg, out_dir: Path) -> dict:
         done = store.done()
         todo = [s for s in samples if (s.benchmark, s.id) not in done]
         untimed = [s for s in todo if timed_keys is not None and (s.benchmark, s.id) not in timed_keys]
-        refs, rp = None, default_replay(cfg)
+        refs, rp = None, default_replay(typed)
         if untimed and dec.protocol == "greedy":        # τ of the untimed prompts by replay, references batched
             refs = build_references(cfg, target, untimed, dc, rp)
         if todo and ev.warmup:

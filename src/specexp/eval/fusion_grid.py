@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from .. import benchmarks, log, registry
-from ..config import BenchmarkConfig, DecodingConfig, EvalConfig, FusionGridConfig
+from ..config import Config, FusionGridConfig, checked
 from ..decoding.engine import drafts_per_round
 from ..drafters.dels import DeLSDrafter
 from ..errors import check
@@ -82,14 +82,15 @@ def grid_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc, near_tie
     return out
 
 
-def run_grid(cfg, out_dir: Path) -> dict:
+def run_grid(cfg, out_dir: Path, typed: Config | None = None) -> dict:
     """Every cell of `replay.fusion_grid` (module docstring); returns {cell name: summary}."""
-    out_dir, rp = Path(out_dir), replay_settings(cfg)
-    ev, dec = EvalConfig.from_cfg(cfg.eval), DecodingConfig.from_cfg(cfg.decoding)
+    typed = checked(cfg, typed)
+    out_dir, rp = Path(out_dir), replay_settings(typed)
+    ev, dec = typed.eval, typed.decoding
     cells = grid_cells(rp.fusion_grid)
     device = resolve_device(cfg.device)
     shard = shards.parse(ev.shard)
-    selected = benchmarks.from_config(BenchmarkConfig.from_cfg(cfg.benchmark), ev)
+    selected = benchmarks.from_config(typed.benchmark, ev)
     samples = shards.select(selected, shard)
     target = registry.build_target(cfg.target, device)
     drafter = registry.build_drafter(cfg.drafter, target)          # DeLS: eval.draft_vocab is refused for it
@@ -98,7 +99,7 @@ def run_grid(cfg, out_dir: Path) -> dict:
           f"got drafter={cfg.drafter.name}")
     round_metrics = registry.drafter_entry(cfg.drafter.name).metrics
     dc = decode_config(dec, ev, target)
-    refs = build_references(cfg, target, samples, dc)
+    refs = build_references(cfg, target, samples, dc, rp)
     if rp.references_only:
         return {}
     # Each cell is the run `task=replay fusion.alpha=a fusion.beta=b` would be: its config, its settings.
@@ -107,7 +108,7 @@ def run_grid(cfg, out_dir: Path) -> dict:
             for a, b in cells]
     taps = drafter.tap_layers
     with contextlib.ExitStack() as stack:
-        stores = [stack.enter_context(ResultStore(out_dir / cell_name(*c), run_settings(cc, refs), samples,
+        stores = [stack.enter_context(ResultStore(out_dir / cell_name(*c), run_settings(cc, typed, refs), samples,
                                                   shards.entry(selected, shard)))
                   for c, cc in zip(cells, cfgs)]
         info = {**run_info(device), "target_source": target.source, "references": str(refs.dir)}

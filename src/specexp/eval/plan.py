@@ -363,22 +363,22 @@ def build_for_cost(name: str, cfg, target):
         return registry.build_drafter(_drafter_group(name, cfg, random=True), target)
 
 
-def run_plan(cfg, out_dir) -> dict:
+def run_plan(cfg, out_dir, typed=None) -> dict:
     """`task=plan`: the projected device time of each stage of the composed run, from `plan.calibration` or from a
     calibration measured here and now (written beside the plan); one table, nothing else run."""
     from .. import benchmarks, log, registry
-    from ..config import BenchmarkConfig, EvalConfig, PlanConfig, ReplayConfig
+    from ..config import checked
     from ..files import write_json, write_text_atomic
     from ..machine import resolve_device
     from ..rundir import claimed_for
     from .replay import CPU_REFERENCE_BATCH
     from .shards import timed_subset
 
-    pc, ev = PlanConfig.from_cfg(cfg.plan), EvalConfig.from_cfg(cfg.eval)
-    rp = ReplayConfig.from_cfg(cfg.replay) if cfg.get("replay") is not None else None
+    typed = checked(cfg, typed)
+    pc, ev, rp = typed.plan, typed.eval, typed.replay
     drafters = list(pc.drafters) if pc.drafters is not None else [cfg.drafter.name]
     names = list(cfg.benchmark.names)
-    samples = benchmarks.from_config(BenchmarkConfig.from_cfg(cfg.benchmark), ev)
+    samples = benchmarks.from_config(typed.benchmark, ev)
     answers, answers_from = answer_tokens_of(pc.answer_tokens, names, ev.max_new_tokens,
                                              rp.references if rp is not None else None)
     default_tau = DEFAULT_TAU.get(cfg.target.name, 2.0)

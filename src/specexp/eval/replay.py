@@ -37,7 +37,7 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from .. import benchmarks, files, log, registry
-from ..config import BenchmarkConfig, DecodingConfig, EvalConfig, ReplayConfig
+from ..config import Config, ReplayConfig, checked
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round
 from ..decoding.tree import follow
 from ..errors import UserError, check, invariant
@@ -204,9 +204,9 @@ def replay_record(sample, turn: int, gen: Generation, ties: list[int], tf: dict,
     return rec
 
 
-def replay_settings(cfg) -> ReplayConfig:
+def replay_settings(typed: Config) -> ReplayConfig:
     """The `replay` group, checked with what replay needs of the rest (greedy decoding, a new export file)."""
-    rp, protocol = ReplayConfig.from_cfg(cfg.replay), DecodingConfig.from_cfg(cfg.decoding).protocol
+    rp, protocol = typed.replay, typed.decoding.protocol
     check(protocol == "greedy",
           f"task=replay needs greedy decoding (got decoding.protocol={protocol}): under sampling the "
           f"output depends on the drafter, so there is no single reference; use task=eval for decoding=sample_a|b")
@@ -215,19 +215,18 @@ def replay_settings(cfg) -> ReplayConfig:
     return rp
 
 
-def default_replay(cfg) -> ReplayConfig:
+def default_replay(typed: Config) -> ReplayConfig:
     """The `replay` settings of a task that replays without the replay group (task=eval's untimed prompts): the
     caches under `paths.cache` as conf/task/replay.yaml has them, eval.near_tie, every other key its default."""
-    root = f"{cfg.paths.cache}"
+    root = f"{typed.paths.cache}"
     return ReplayConfig(cache_dir=f"{root}/references", tap_cache_dir=f"{root}/replay_taps",
-                        near_tie=EvalConfig.from_cfg(cfg.eval).near_tie)
+                        near_tie=typed.eval.near_tie)
 
 
-def build_references(cfg, target, samples, dc: DecodeConfig, rp: ReplayConfig | None = None) -> ReferenceStore:
+def build_references(cfg, target, samples, dc: DecodeConfig, rp: ReplayConfig) -> ReferenceStore:
     """The reference store of this target and budget, with every selected sample's reference (computed as needed,
     resumably; `replay.references=FILE` imported first; `replay.export=FILE` written after). `rp`: the replay
-    settings (default: the config's `replay` group)."""
-    rp = rp or ReplayConfig.from_cfg(cfg.replay)
+    settings (the config's `replay` group, or `default_replay` for a task without one)."""
     store = ReferenceStore(rp.cache_dir, set_fingerprint(target, dc))
     if rp.references:
         store.import_file(rp.references)
@@ -282,9 +281,9 @@ def reference_batch(value, target) -> int:
     return CPU_REFERENCE_BATCH
 
 
-def run_settings(cfg, refs: ReferenceStore) -> dict:
+def run_settings(cfg, typed: Config, refs: ReferenceStore) -> dict:
     """Every setting that changes a replay's results (run.json, eval/store.py)."""
-    rp, ev, device = ReplayConfig.from_cfg(cfg.replay), EvalConfig.from_cfg(cfg.eval), resolve_device(cfg.device)
+    rp, ev, device = typed.replay, typed.eval, resolve_device(cfg.device)
     vocab = vocab_settings(ev, cfg.drafter.name, device, timed=False)
     vocab |= {"draft_vocab_content": checkpoint_digests(vocab, "eval")} if vocab else {}
     return {
@@ -314,33 +313,33 @@ def replay_sample(target, drafter, sample, refs: ReferenceStore, dc: DecodeConfi
     return recs
 
 
-def grid_requested(cfg) -> bool:
+def grid_requested(rp: ReplayConfig) -> bool:
     """Whether `replay.fusion_grid` asks for an alpha/beta grid (task=replay then runs eval/fusion_grid.py)."""
-    g = ReplayConfig.from_cfg(cfg.replay).fusion_grid
+    g = rp.fusion_grid
     return g.alpha is not None or g.beta is not None
 
 
-def run_replay(cfg, out_dir) -> dict:
+def run_replay(cfg, out_dir, typed: Config | None = None) -> dict:
     """`task=replay`: replay `cfg.drafter` on the target's references of `cfg.benchmark`; returns the summary.
     Everything is validated and the references exist before the run directory is claimed (eval/store.py).
     A config with `replay.fusion_grid` set is `eval/fusion_grid.run_grid`'s (the task dispatches it there)."""
-    out_dir = Path(out_dir)
-    rp = replay_settings(cfg)
-    check(not grid_requested(cfg), "replay.fusion_grid is set: run it through task=replay (eval/fusion_grid.py "
+    out_dir, typed = Path(out_dir), checked(cfg, typed)
+    rp = replay_settings(typed)
+    check(not grid_requested(rp), "replay.fusion_grid is set: run it through task=replay (eval/fusion_grid.py "
                                    "run_grid), not run_replay")
-    ev, dec = EvalConfig.from_cfg(cfg.eval), DecodingConfig.from_cfg(cfg.decoding)
+    ev, dec = typed.eval, typed.decoding
     device = resolve_device(cfg.device)
     shard = shards.parse(ev.shard)
-    selected = benchmarks.from_config(BenchmarkConfig.from_cfg(cfg.benchmark), ev)
+    selected = benchmarks.from_config(typed.benchmark, ev)
     samples = shards.select(selected, shard)            # all of them unless eval.shard=I/N (references too)
     target = registry.build_target(cfg.target, device)
     drafter = registry.build_drafter(cfg.drafter, target, draft_vocab(ev, cfg.drafter.name, device, timed=False))
     round_metrics = registry.drafter_entry(cfg.drafter.name).metrics
     dc = decode_config(dec, ev, target)
-    refs = build_references(cfg, target, samples, dc)
+    refs = build_references(cfg, target, samples, dc, rp)
     if rp.references_only:
         return {}
-    settings = run_settings(cfg, refs)
+    settings = run_settings(cfg, typed, refs)
     with ResultStore(out_dir, settings, samples, shards.entry(selected, shard)) as store:
         write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         write_json(out_dir / "run_info.json", {**run_info(device), "target_source": target.source,

@@ -12,7 +12,7 @@ import os
 import torch
 from omegaconf import OmegaConf
 
-from ..config import DecodingConfig, EvalConfig
+from ..config import Config, DecodingConfig, EvalConfig, checked
 from ..decoding.engine import DecodeConfig, drafts_per_round
 from ..machine import describe
 from ..paths import repo_path
@@ -151,13 +151,13 @@ def capped(ev: EvalConfig, target_cfg, device) -> dict:
     return ({"max_drafts": cap} if cap is not None else {}) | batch
 
 
-def run_settings(cfg, device) -> dict:
+def run_settings(cfg, device, typed: Config | None = None) -> dict:
     """Every setting that changes a result, for run.json (the samples and their prompts are added by the store).
     Not here: benchmark names, source, data_dir, num_samples and shuffle_seed, which only select samples (the
     store compares the selected samples and their prompt text instead), and progress/logger/warmup. task=eval adds
     the timed subset when there is one (eval/shards.py `with_timed`): it depends on the selection too."""
     container = OmegaConf.to_container
-    drafter, ev = container(cfg.drafter, resolve=True), EvalConfig.from_cfg(cfg.eval)
+    drafter, ev = container(cfg.drafter, resolve=True), checked(cfg, typed).eval
     vocab = vocab_settings(ev, drafter.get("name"), device)
     return {
         "target": target_settings(cfg.target, device), "drafter": drafter,

@@ -36,7 +36,7 @@ import torch
 from omegaconf import OmegaConf
 
 from .. import log, registry
-from ..config import DataConfig, FusionConfig, TrainConfig
+from ..config import Config, DataConfig, FusionConfig, TrainConfig, checked
 from ..errors import check
 from ..files import replace_atomic, write_json, write_text_atomic
 from ..machine import resolve_device
@@ -325,34 +325,36 @@ def _link(run_dir: Path, final: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- the tasks
-def context(cfg, device: torch.device | None = None, lean: bool = False) -> TrainContext:
+def context(cfg, device: torch.device | None = None, lean: bool = False, typed: Config | None = None) -> TrainContext:
     """The edge of training: build the target (on `device`, default the `device` key; `lean`: without its decoder
-    layers, for training that reads tokens alone) and the sequences from the root config, once."""
+    layers, for training that reads tokens alone) and the sequences from the root config, once. `typed`: the
+    checked config (config.checked)."""
+    typed = checked(cfg, typed)
     target = registry.build_target(cfg.target, device or resolve_device(cfg.device), lean=lean)
     stages = cache_root(cfg.paths.cache) / "stages"
-    data = DataConfig.from_cfg(cfg.data)
-    seqs, data_hash = prepare_sequences(data, cfg.target, target, stages)
+    seqs, data_hash = prepare_sequences(typed.data, cfg.target, target, stages)
     return TrainContext(target, cfg.target, seqs, data_hash, registry.drafter_view(cfg.drafter),
-                        TrainConfig.from_cfg(cfg.train), data, FusionConfig.from_cfg(cfg.fusion), stages)
+                        typed.train, typed.data, typed.fusion, stages)
 
 
-def run_train(cfg, out_dir) -> dict:
+def run_train(cfg, out_dir, typed: Config | None = None) -> dict:
     """`task=train drafter=NAME`: the drafter's plan through the shared sequence (module docstring). The run
     directory is claimed as every task's is (eval/store.py: busy or holding another run's results -> refused) by
     the launch's rank 0; the other ranks write nothing there."""
     # before anything is built: a run that cannot be placed is one line
-    where = placement(cfg.device, TrainConfig.from_cfg(cfg.train))
+    typed = checked(cfg, typed)
+    where = placement(cfg.device, typed.train)
     if where.launch_rank != 0:
-        return _train(cfg, Path(out_dir), where)
+        return _train(cfg, typed, Path(out_dir), where)
     with claimed_for(out_dir, "train") as d:
-        return _train(cfg, d, where)
+        return _train(cfg, typed, d, where)
 
 
-def _train(cfg, out_dir: Path, where: Placement) -> dict:
+def _train(cfg, typed: Config, out_dir: Path, where: Placement) -> dict:
     """The sequence of the module docstring: sequences -> plan -> train or reuse the stage -> export -> card."""
     plan_fn = registry.trainer(cfg.drafter.name)
     lean = registry.train_tokens_only(cfg.drafter)   # the DeLS heads: the vocabulary matrices, no decoder layer
-    ctx = context(cfg, where.device, lean)           # this rank's target on this rank's device
+    ctx = context(cfg, where.device, lean, typed)    # this rank's target on this rank's device
     ctx, subset, whole = data_subset(ctx)
     plan: TrainPlan = plan_fn(ctx)
     run_dir = stage_dir(ctx.stages, plan.kind, {**plan.payload, "data": ctx.data_hash, **subset})
