@@ -231,7 +231,8 @@ def build_drafter(cfg, target, draft_vocab: tuple[int, str] | None = None):
     are packed (`target.prepack`), the drafter's own are too (targets/cpu_linear.py: bf16 bit-identical, fp32 by the
     machine's measured plan)."""
     entry = drafter_entry(cfg.name)
-    drafter = None if entry.build is None else entry.build(fill_default_checkpoints(cfg, target.name), target)
+    view = drafter_view(fill_default_checkpoints(cfg, target.name))     # the one typed view a builder reads
+    drafter = None if entry.build is None else entry.build(view, target)
     if draft_vocab is not None:
         check(isinstance(drafter, dflash.DFlashDrafter) and drafter.name == "dflash",
               f"eval.draft_vocab={draft_vocab[0]}: only drafter=dflash drafts from a restricted vocabulary")

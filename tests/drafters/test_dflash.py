@@ -244,7 +244,7 @@ def test_hub_checkpoint_is_downloaded_at_drafter_revision(zlab_dir, tiny_target,
                         lambda repo_id, revision=None, allow_patterns=None: calls.append((repo_id, revision))
                         or str(zlab_dir))
     cfg = OmegaConf.create({"init": "checkpoint", "checkpoint": "org/drafter", "revision": "a1b2c3d"})
-    assert dflash.build(cfg, tiny_target).max_drafts == 7
+    assert dflash.build(dflash.DFlashSettings.of(cfg), tiny_target).max_drafts == 7
     assert ckpt.resolve("org/drafter") == zlab_dir
     assert calls == [("org/drafter", "a1b2c3d"), ("org/drafter", None)]
     with pytest.raises(UserError, match=r"drafter.revision='v1' pins a hub checkpoint.*local directory"):

@@ -200,11 +200,10 @@ class DEditDrafter(OnBackbone):
         return torch.multinomial(q, 1, generator=sampling.generator)[:, 0], q
 
 
-def build(cfg, target) -> DEditDrafter:
+def build(cfg: DEditSettings, target) -> DEditDrafter:
     """`drafter=dedit`: the DFlash backbone as `drafter=dflash` builds it (init random / checkpoint), with the
     drafting and editing options of `drafter.edit`. The backbone must be unshifted: an edit pass reads the block's
     rows 1..W as drafts 1..W."""
-    cfg = DEditSettings.of(cfg)
     e = cfg.edit
     backbone = dflash.build(cfg, target)
     check(backbone.first_row == 1, f"drafter.checkpoint={str(cfg.checkpoint)!r}: a shifted (DSpark-format) "

@@ -435,11 +435,10 @@ def head_config(cfg, target) -> LocalHeadConfig:
                            h.activation)
 
 
-def build(cfg, target) -> DeLSDrafter:
+def build(cfg: DeLSSettings, target) -> DeLSDrafter:
     """From the `drafter` config group (dels_rnn / dels_markov): the DFlash backbone exactly as `drafter=dflash`
     builds it (`init`), the local head and its prior by `head.init` (auto = random with a random backbone,
     else the head checkpoint, which must then be set), fusion weights from `fusion`."""
-    cfg = DeLSSettings.of(cfg)
     fu = cfg.fusion
     head_init = resolve_head_init(cfg, target, "DeLS", f"task=train drafter={cfg.name}")
     head_ckpt = cfg.head.checkpoint

@@ -661,11 +661,10 @@ def check_fits(config: DFlashConfig, target, where: str) -> None:
           f"{where}: mask_token_id {config.mask_token_id} outside the target vocabulary (0..{target.vocab_size - 1})")
 
 
-def build(cfg, target, path: Path | None = None, raw: dict | None = None) -> DFlashDrafter:
+def build(cfg: DFlashSettings, target, path: Path | None = None, raw: dict | None = None) -> DFlashDrafter:
     """From the `drafter` config group: `init=random` (sized to the target), `init=checkpoint`, or
     `init=auto` (the checkpoint when one is set, else random). `path`, `raw`: the checkpoint's directory and
     config.json when the caller has already resolved and read them (Domino looks at it first)."""
-    cfg = DFlashSettings.of(cfg)
     init = ckpt.resolve_init(cfg.init, cfg.checkpoint)
     if init == "random" and cfg.init == "auto":
         log.LOG.info(f"no DFlash checkpoint for target {target.name}: using a random-init drafter "

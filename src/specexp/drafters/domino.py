@@ -238,10 +238,9 @@ def random_head(c: DominoConfig, seed: int, std: float) -> DominoHead:
     return random_init(DominoHead(c), seed, std)
 
 
-def build(cfg, target) -> DominoDrafter:
+def build(cfg: DominoSettings, target) -> DominoDrafter:
     """`drafter=domino_ft`: the DFlash backbone as drafter=dflash builds it + the Domino head (`head.init` as
     for the DeLS heads: random with a random backbone, else the head checkpoint, which must then be set)."""
-    cfg = DominoSettings.of(cfg)
     h = cfg.head
     ckpt_dir = h.checkpoint
     path = raw = None

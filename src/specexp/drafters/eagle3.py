@@ -586,10 +586,9 @@ def resolve_eagle3(path_or_id: str, revision: str | None = None) -> Path:
     return ckpt.resolve(path_or_id, revision, extra=(ckpt.TORCH_WEIGHTS_FILE,))
 
 
-def build(cfg, target) -> Eagle3Drafter:
+def build(cfg: Eagle3Settings, target) -> Eagle3Drafter:
     """From the `drafter` config group: `init=random` (sized to the target), `init=checkpoint`, or `init=auto`
     (the checkpoint when one is set, else random)."""
-    cfg = Eagle3Settings.of(cfg)
     init = ckpt.resolve_init(cfg.init, cfg.checkpoint)
     if init == "random" and cfg.init == "auto":
         log.LOG.info(f"no EAGLE-3 checkpoint for target {target.name}: using a random-init drafter (τ ≈ 1); "
