@@ -2,16 +2,19 @@
 on the same greedy references: τ per benchmark and macro with 95% CIs, and paired Δτ with paired-bootstrap CIs.
 
     F=experiments/results/replay_mini/references-smollm2_135m-128tok-50.json.gz
+    E="target.dtype=float32 eval.num_samples=10 eval.max_new_tokens=128 replay.references=$F eval.max_drafts=null"   # full depth
     for n in 16 32 60; do
       python -m specexp task=replay drafter=dflash drafter.mode=tree drafter.tree.total_tokens=$n \\
-          drafter.tree.top_k=K eval.num_samples=10 eval.max_new_tokens=128 replay.references=$F \\
-          hydra.run.dir=runs/trees/dflash-tree$n
-      python -m specexp task=replay drafter=eagle3 drafter.mode=tree drafter.tree.total_tokens=$n \\
-          eval.num_samples=10 eval.max_new_tokens=128 replay.references=$F hydra.run.dir=runs/trees/eagle3-tree$n
+          drafter.tree.top_k=K $E hydra.run.dir=runs/trees/dflash-tree$n
+      python -m specexp task=replay drafter=eagle3 drafter.mode=tree drafter.tree.total_tokens=$n $E \\
+          hydra.run.dir=runs/trees/eagle3-tree$n
     done
     python experiments/tree_budget.py --family DFlash experiments/results/mini_claims/eval/dflash \\
-        runs/trees/dflash-tree{16,32,60} --family DeLS-RNN runs/trees/dels_rnn-chain runs/trees/dels_rnn-tree32 \\
-        --eagle3 runs/trees/eagle3-tree{16,32,60} --out table.md
+        runs/trees/dflash-tree{16,32,60} --family DeLS-RNN experiments/results/mini_claims/eval/dels_rnn \\
+        runs/trees/dels_rnn-tree{16,32} --eagle3 runs/trees/eagle3-tree{16,32,60} --out table.md
+
+`eval.max_drafts=null`: on a CPU the default `auto` caps a round at 3 drafts, a tree's depth included; the chains
+and trees compared here each run at their drafter's full depth.
 
 Each `--family` is a label, that drafter's chain replay on the same references (more prompts are fine: pairs use
 the prompts both hold), then its tree replays; trees are matched by their `drafter.tree.total_tokens`
