@@ -2,7 +2,8 @@
 on the same greedy references: τ per benchmark and macro with 95% CIs, and paired Δτ with paired-bootstrap CIs.
 
     F=experiments/results/replay_mini/references-smollm2_135m-128tok-50.json.gz
-    E="target.dtype=float32 eval.num_samples=10 eval.max_new_tokens=128 replay.references=$F eval.max_drafts=null"   # full depth
+    E="target.dtype=float32 eval.num_samples=10 eval.max_new_tokens=128 replay.references=$F"
+    E="$E eval.max_drafts=null"                                    # each drafter at its full depth (below)
     for n in 16 32 60; do
       python -m specexp task=replay drafter=dflash drafter.mode=tree drafter.tree.total_tokens=$n \\
           drafter.tree.top_k=K $E hydra.run.dir=runs/trees/dflash-tree$n
