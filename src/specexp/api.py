@@ -111,14 +111,15 @@ class Pipeline:
 
         from . import registry
         from .config import validate
+        from .eval.summary import resolve_auto
         from .machine import resolve_device
 
-        self.settings = validate(cfg, job)          # the typed config every call reads
+        self.device = resolve_device(cfg.device)
+        self.settings = resolve_auto(validate(cfg, job), self.device)     # the typed config every call reads
         self.cfg = cfg
         cfg.drafter = registry.fill_default_checkpoints(cfg.drafter, cfg.target.name)
         if cfg.get("cpu_threads") is not None:
             torch.set_num_threads(cfg.cpu_threads)
-        self.device = resolve_device(cfg.device)
         self.target = registry.build_target(cfg.target, self.device)
         from .eval.summary import draft_vocab
 

@@ -33,18 +33,16 @@ from .schema import (
     MAX_BATCH,
     MAX_BLOCK,
     MAX_COUNT,
-    MAX_HEADS,
-    MAX_LAYERS,
     MAX_SHARD_TOKENS,
     MAX_STEPS,
     MAX_TOKENS,
-    MAX_WIDTH,
     FusionConfig,
     Settings,
     check,
     choice,
     frozen,
     int_list,
+    ints,
     is_int,
     is_num,
     key_tree,
@@ -53,6 +51,7 @@ from .schema import (
     setting,
     upto,
 )
+from .targets.settings import TargetSettings as TargetConfig
 
 
 # ------------------------------------------------------------------------------------------- predicates
@@ -131,11 +130,6 @@ NAMES = "a hub branch, tag or commit, or null"
 GRID = "null or a non-empty list of finite numbers, e.g. '[0,0.1,0.2]'"
 
 
-def _ints(lo: int, hi: int) -> tuple:
-    """The rule and words of an int in [lo, hi]."""
-    return is_int(lo, hi), f"an int >= {lo}; {upto(hi)}"
-
-
 def _int_or_null(lo: int, hi: int, null: str = "") -> tuple:
     return null_or(is_int(lo, hi)), f"an int >= {lo}, or null{f' ({null})' if null else ''}; {upto(hi)}"
 
@@ -155,35 +149,6 @@ class TaskConfig(Settings):
     out: str | None = None
     overwrite: bool = False
     smoothing: float = 1.0
-
-
-@frozen
-class TargetConfig(Settings):
-    """`target`: the model being accelerated. The architecture keys (hidden_size ...) belong to loader=tiny_qwen3."""
-    KEY = "target"
-    name: str = "smollm2_135m"
-    loader: str = "smollm2"
-    hub_id: str | None = None
-    path: str | None = None
-    revision: str | None = None
-    source: str = choice("auto", "hub", "gguf")
-    dtype: str = choice("auto", *DTYPES)
-    engine: str = choice("auto", "hf", "static")
-    compile: bool = choice(False, True, words="true or false")
-    prepack: Any = choice("auto", True, False)
-    attn_implementation: str = "auto"
-    mask_token_id: int | None = setting(None, null_or(is_int(0)), "an int >= 0 or null")
-    chat_kwargs: dict = setting(factory=dict)          # the chat template's own keyword arguments: free-form
-    stop_token_ids: list | None = setting(None, null_or(int_list()), "a non-empty list of ints >= 0, or null")
-    cache_dir: str | None = None
-    hidden_size: int = setting(64, *_ints(1, MAX_WIDTH))
-    intermediate_size: int = setting(128, *_ints(1, MAX_WIDTH))
-    num_layers: int = setting(4, *_ints(1, MAX_LAYERS))
-    num_heads: int = setting(4, *_ints(1, MAX_HEADS))
-    num_kv_heads: int = setting(2, *_ints(1, MAX_HEADS))
-    max_context: int = setting(4096, *_ints(2, MAX_TOKENS))
-    init_std: float = 0.1
-    seed: int = 0
 
 
 @frozen
@@ -223,11 +188,11 @@ class EvalConfig(Settings):
     KEY = "eval"
     num_samples: Any = setting(2, _num_samples, "an int >= 1, null (all), 'paper' or a mapping {benchmark: int >= 1} "
                                                 f"of benchmark.names; {upto(MAX_COUNT)}")
-    max_new_tokens: int = setting(64, *_ints(1, MAX_TOKENS))
+    max_new_tokens: int = setting(64, *ints(1, MAX_TOKENS))
     max_drafts: Any = setting(None, lambda v: v == "auto" or null_or(is_int(1, MAX_BLOCK))(v) or _by_batch(v),
                               "an int >= 1, null (the drafter's own number of drafts), auto, or a mapping {batch size: "
                               f"int >= 1 or null}} (e.g. '{{1: null, 8: 3, 32: 1}}'); {upto(MAX_BLOCK)}")
-    batch_size: int = setting(1, *_ints(1, MAX_BATCH))      # sequences decoded side by side (decoding/batch_spec.py)
+    batch_size: int = setting(1, *ints(1, MAX_BATCH))      # sequences decoded side by side (decoding/batch_spec.py)
     # DFlash drafting from the N most frequent answer tokens of a regeneration set (eval/summary.py `draft_vocab`)
     draft_vocab: Any = setting(None, lambda v: v == "auto" or null_or(is_int(1))(v),
                                "an int >= 1, null (the whole vocabulary) or auto")
@@ -243,7 +208,7 @@ class EvalConfig(Settings):
     run_ar: bool = True
     check_lossless: Any = choice("auto", True, False)
     near_tie: float = setting(0.01, is_num(0), "a finite number >= 0 (a logit gap)")
-    warmup: int = setting(1, *_ints(0, MAX_COUNT))
+    warmup: int = setting(1, *ints(0, MAX_COUNT))
     save_text: bool = True
     shard: str | None = setting(None, shard_is_valid, SHARD_VALID)
     progress: bool = True
@@ -288,11 +253,11 @@ class HubDataConfig(Settings):
 class RegenConfig(Settings):
     """`data.regen`: how the target regenerates the training answers (task=regenerate, data.regenerate)."""
     KEY = "data.regen"
-    batch_size: int = setting(32, *_ints(1, MAX_BATCH))
-    max_new_tokens: int = setting(256, *_ints(1, MAX_TOKENS))
+    batch_size: int = setting(32, *ints(1, MAX_BATCH))
+    max_new_tokens: int = setting(256, *ints(1, MAX_TOKENS))
     temperature: float = setting(0.0, is_num(0), "a finite number >= 0")
     top_p: float = setting(1.0, is_num(0, 1, lo_open=True), "a number in (0, 1]")
-    top_k: int = setting(0, *_ints(0, MAX_TOKENS))
+    top_k: int = setting(0, *ints(0, MAX_TOKENS))
 
 
 @frozen
@@ -311,11 +276,11 @@ class DataConfig(Settings):
     regen_import: str | None = setting(None, _packed_regen, "null or a directory written by data.regen_export "
                                                            "(manifest.json + tokens.npy)")
     regen_export: str | None = setting(None, null_or(nonempty_str), "null or a directory path")
-    max_length: int = setting(512, *_ints(2, MAX_TOKENS))
-    min_response_tokens: int = setting(8, *_ints(0, MAX_TOKENS))
+    max_length: int = setting(512, *ints(2, MAX_TOKENS))
+    min_response_tokens: int = setting(8, *ints(0, MAX_TOKENS))
     features: str = choice("online", "cache", words="cache or online")
     feature_dtype: str = choice(*DTYPES, default="bfloat16", words=", ".join(DTYPES))
-    shard_tokens: int = setting(65536, *_ints(1, MAX_SHARD_TOKENS))
+    shard_tokens: int = setting(65536, *ints(1, MAX_SHARD_TOKENS))
 
 
 @frozen
@@ -328,16 +293,16 @@ class FsdpConfig(Settings):
 @frozen
 class TrainConfig(Settings):
     KEY = "train"
-    num_anchors: int = setting(512, *_ints(1, MAX_BATCH))
+    num_anchors: int = setting(512, *ints(1, MAX_BATCH))
     gamma: float | None = setting(None, null_or(is_num(0, lo_open=True)), "a number > 0 or null")
     lr: float = setting(6e-4, is_num(0, lo_open=True), "a finite number > 0")
     warmup_ratio: float = setting(0.04, is_num(0, 1), "a number in [0, 1]")
     weight_decay: float = setting(0.0, is_num(0), "a finite number >= 0")
     grad_clip: float | None = setting(1.0, null_or(is_num(0)), "a finite number >= 0 or null")
-    epochs: int = setting(6, *_ints(1, MAX_STEPS))
+    epochs: int = setting(6, *ints(1, MAX_STEPS))
     max_steps: int = setting(-1, lambda v: is_int(1, MAX_STEPS)(v) or v == -1 and is_int()(v),
                              f"-1 (no limit) or an int >= 1; {upto(MAX_STEPS)}")
-    accumulate: int = setting(1, *_ints(1, MAX_BATCH))
+    accumulate: int = setting(1, *ints(1, MAX_BATCH))
     data_tokens: int | None = setting(None, null_or(is_int(1)), "an int >= 1 or null")
     precision: Any = setting("auto", lambda v: v in ("auto", *PRECISIONS) and not isinstance(v, bool),
                              "auto or a Lightning precision (" + ", ".join(PRECISIONS[:6]) + ", or 32, 16, 64, bf16)")
@@ -440,7 +405,7 @@ class PlanConfig(Settings):
     batches: list = setting(factory=lambda: [1, 4, 8, 16, 32], rule=lambda v: isinstance(v, list) and len(v) > 0
                             and all(is_int(1, MAX_BATCH)(x) for x in v),
                             valid=f"a non-empty list of ints >= 1; {upto(MAX_BATCH)}")
-    context: int = setting(256, *_ints(16, MAX_TOKENS))
+    context: int = setting(256, *ints(16, MAX_TOKENS))
 
 
 @frozen

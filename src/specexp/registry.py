@@ -35,6 +35,7 @@ from .log import get as get_logger
 from .schema import Settings, frozen
 from .targets import cpu_linear
 from .targets import hf as targets
+from .targets.settings import TargetSettings
 
 LOG = get_logger(__name__)
 
@@ -186,29 +187,30 @@ def fill_default_checkpoints(drafter_cfg, target_name: str):
 
 
 def build_target(cfg, device, lean: bool = False):
-    """The target of `cfg` (the `target` group); `lean`: without its decoder layers (token-only training)."""
-    one_of("target.loader", cfg.loader, TARGETS)
+    """The target of `cfg` (the `target` group, or its typed view); `lean`: without its decoder layers (token-only
+    training). The loaders, the packing and the engine read the one typed view built here."""
+    t = TargetSettings.of(cfg)
+    one_of("target.loader", t.loader, TARGETS)
     if not lean:
-        target = TARGETS[cfg.loader](cfg, device)
-        if cpu_linear.wanted(cfg.get("prepack", "auto"), target.device, target.dtype, bool(cfg.get("compile"))):
+        target = TARGETS[t.loader](t, device)
+        if cpu_linear.wanted(t.prepack, target.device, target.dtype, t.compile):
             # packed once: bf16 bit-identical, fp32 where this CPU measured it faster (targets/cpu_linear)
-            n = cpu_linear.pack(target.model, cache_dir=cfg.get("cache_dir"))
+            n = cpu_linear.pack(target.model, cache_dir=t.cache_dir)
             LOG.debug("target %s: %d linear layers packed (%s)", target.name, n, cpu_linear.describe(target.model))
-        auto = cfg.get("engine", "hf") == "auto"
-        if targets.resolve_engine(cfg.get("engine", "hf"), target.device) == "static":
+        auto = t.engine == "auto"
+        if targets.resolve_engine(t.engine, target.device) == "static":
             from .targets.static import StaticTarget  # the same weights, run over a preallocated KV cache
 
-            compile = bool(cfg.get("compile", False))
             graphed = auto and target.device.type == "cuda"                 # auto: every step shape a CUDA graph
             try:
-                target = StaticTarget.of(target, compile=compile or graphed, inductor=compile)
+                target = StaticTarget.of(target, compile=t.compile or graphed, inductor=t.compile)
             except UserError as e:
                 if not auto:
                     raise
                 LOG.info("target.engine=auto: the HF engine (%s)", e)        # a model the static engine cannot run
         return target
-    target = TARGETS[cfg.loader](cfg, device, lean=True)
-    target.whole = lambda: TARGETS[cfg.loader](cfg, device)    # e.g. answers still to regenerate
+    target = TARGETS[t.loader](t, device, lean=True)
+    target.whole = lambda: TARGETS[t.loader](t, device)        # e.g. answers still to regenerate
     return target
 
 

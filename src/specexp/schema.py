@@ -290,3 +290,8 @@ class FusionConfig(Settings):
     beta: typing.Any = setting(0.3, _fusion_weight, FUSION_WEIGHT)
     kernel: str = choice("auto", "triton", "torch")
     cuda_graph: typing.Any = choice("auto", True, False)
+
+
+def ints(lo: int, hi: int) -> tuple:
+    """The rule and words of an int in [lo, hi] (`setting(default, *ints(lo, hi))`)."""
+    return is_int(lo, hi), f"an int >= {lo}; {upto(hi)}"

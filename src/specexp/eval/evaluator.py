@@ -43,7 +43,7 @@ from . import metrics, shards
 from .references import SampleJob, batch_engine
 from .replay import build_references, default_replay, replay_sample
 from .store import ResultStore
-from .summary import decode_config, draft_vocab, run_settings, summarize
+from .summary import decode_config, draft_vocab, resolve_auto, run_settings, summarize
 
 
 def turn_seed(seed: int, sample_id: str, turn: int) -> int:
@@ -230,8 +230,8 @@ def run_eval(cfg, out_dir: Path, typed: Config | None = None) -> dict:
 
     Everything that can be wrong with the input is checked before the run directory is claimed (store.py), so a
     failed start leaves it as it was and the corrected command can use it."""
-    out_dir, typed = Path(out_dir), checked(cfg, typed)
     device = resolve_device(cfg.device)
+    out_dir, typed = Path(out_dir), resolve_auto(checked(cfg, typed), device)
     ev, dec = typed.eval, typed.decoding
     shard = shards.parse(ev.shard)
     selected = benchmarks.from_config(typed.benchmark, ev)

@@ -44,7 +44,7 @@ from .replay import (
     tap_file,
 )
 from .store import ResultStore
-from .summary import decode_config, summarize
+from .summary import decode_config, resolve_auto, summarize
 
 
 def cell_name(alpha: float, beta: float) -> str:
@@ -84,7 +84,7 @@ def grid_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc, near_tie
 
 def run_grid(cfg, out_dir: Path, typed: Config | None = None) -> dict:
     """Every cell of `replay.fusion_grid` (module docstring); returns {cell name: summary}."""
-    typed = checked(cfg, typed)
+    typed = resolve_auto(checked(cfg, typed), resolve_device(cfg.device))
     out_dir, rp = Path(out_dir), replay_settings(typed)
     ev, dec = typed.eval, typed.decoding
     cells = grid_cells(rp.fusion_grid)

@@ -49,7 +49,7 @@ from ..tracking import make_logger, run_info
 from . import metrics, shards
 from .references import ReferenceStore, batch_engine, compute_references, set_fingerprint, turns_with_prompts
 from .store import ResultStore
-from .summary import capped, checkpoint_digests, decode_config, draft_vocab, summarize, vocab_settings
+from .summary import capped, checkpoint_digests, decode_config, draft_vocab, resolve_auto, summarize, vocab_settings
 
 _log = log.get(__name__)
 
@@ -323,7 +323,7 @@ def run_replay(cfg, out_dir, typed: Config | None = None) -> dict:
     """`task=replay`: replay `cfg.drafter` on the target's references of `cfg.benchmark`; returns the summary.
     Everything is validated and the references exist before the run directory is claimed (eval/store.py).
     A config with `replay.fusion_grid` set is `eval/fusion_grid.run_grid`'s (the task dispatches it there)."""
-    out_dir, typed = Path(out_dir), checked(cfg, typed)
+    out_dir, typed = Path(out_dir), resolve_auto(checked(cfg, typed), resolve_device(cfg.device))
     rp = replay_settings(typed)
     check(not grid_requested(rp), "replay.fusion_grid is set: run it through task=replay (eval/fusion_grid.py "
                                    "run_grid), not run_replay")

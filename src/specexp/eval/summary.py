@@ -7,6 +7,7 @@ summarise through here, so a number means the same whichever task produced it.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -47,6 +48,16 @@ def max_drafts(value, device, dtype, batch: int = 1) -> int | None:
     if torch.device(device).type != "cpu":
         return None
     return {torch.bfloat16: CPU_BF16_MAX_DRAFTS, torch.float32: CPU_FP32_MAX_DRAFTS}.get(dtype)
+
+
+def resolve_auto(typed: Config, device) -> Config:
+    """`typed` with `eval.max_drafts` as the concrete cap the run uses on `device` (`auto` or a per-batch table
+    resolved by `max_drafts`: an int, or None for the drafter's own K). A runner resolves it once, at its edge, so
+    the engine's settings (`decode_config`) and run.json (`capped`) read the same number; both still accept `auto`
+    from callers outside a task (the experiment scripts)."""
+    ev = typed.eval
+    cap = max_drafts(ev.max_drafts, device, resolve_dtype(typed.target.dtype, device), ev.batch_size)
+    return dataclasses.replace(typed, eval=ev.replaced(max_drafts=cap))
 
 
 # `eval.draft_vocab=auto` on a CPU: DFlash drafting from the 8,192 most frequent answer tokens. Chosen on the tuning

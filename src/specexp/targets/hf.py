@@ -30,6 +30,7 @@ from .. import pins, schema
 from ..errors import UserError, check, invariant, one_of
 from ..machine import native_bf16
 from ..paths import cache_root
+from .settings import TargetSettings
 
 QWEN3_MASK_TOKEN, QWEN3_MASK_ID = "<|MASK|>", 151669
 # Qwen2/Qwen3 special tokens in id order from 151643 (after the 151643 BPE tokens).
@@ -50,6 +51,7 @@ QWEN3_NOTHINK_TEMPLATE = (
 )
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {name: getattr(torch, name) for name in schema.DTYPES}      # the one list of names: schema.DTYPES
+
 
 
 @dataclass
@@ -328,7 +330,7 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------- loaders
-def load_tiny_qwen3(cfg, device: torch.device, lean: bool = False) -> Target:
+def load_tiny_qwen3(cfg: TargetSettings, device: torch.device, lean: bool = False) -> Target:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     tok = qwen3_tokenizer(cache_root(cfg.cache_dir))
@@ -468,22 +470,22 @@ def check_hf_dir(path: Path, where: str) -> None:
         check(shape == expected[k], f"{where}: {k} has shape {shape}, config.json implies {expected[k]}")
 
 
-def load_hub(cfg, device: torch.device, lean: bool = False) -> Target:
-    src = cfg.get("path") or cfg.hub_id
+def load_hub(cfg: TargetSettings, device: torch.device, lean: bool = False) -> Target:
+    src = cfg.path or cfg.hub_id
     try:
-        revision = cfg.get("revision") if cfg.get("path") else pins.revision(src, cfg.get("revision"))
+        revision = cfg.revision if cfg.path else pins.revision(src, cfg.revision)
         model, tok = _from_pretrained(src, cfg, device, lean, revision=revision)
     except OSError as e:
         raise UserError(f"target {cfg.name}: cannot load {src!r} ({str(e).splitlines()[0]}); "
                         f"set target.path to a local copy or make the hub reachable") from None
-    mask = cfg.get("mask_token_id")
+    mask = cfg.mask_token_id
     if mask is None:
         mask = tok.convert_tokens_to_ids(QWEN3_MASK_TOKEN)
-    return Target(cfg.name, model, tok, int(mask), _stops(cfg, tok), dict(cfg.get("chat_kwargs") or {}), source=src,
+    return Target(cfg.name, model, tok, int(mask), _stops(cfg, tok), dict(cfg.chat_kwargs or {}), source=src,
                   lean=lean)
 
 
-def load_smollm2(cfg, device: torch.device, lean: bool = False) -> Target:
+def load_smollm2(cfg: TargetSettings, device: torch.device, lean: bool = False) -> Target:
     source = cfg.source
     one_of("target.source", source, ("auto", "hub", "gguf"))
     if source == "hub" or (source == "auto" and _hub_reachable()):
@@ -524,24 +526,24 @@ def smollm2_from_gguf(cache: Path) -> Path:
     return _atomic_dir(cache / "smollm2-135m-instruct-q4_1", build)
 
 
-def load_local(cfg, device: torch.device, lean: bool = False) -> Target:
-    path = cfg.get("path")
+def load_local(cfg: TargetSettings, device: torch.device, lean: bool = False) -> Target:
+    path = cfg.path
     check(bool(path), "target=hf needs target.path=DIR (a local HF causal-LM directory)")
     check(Path(path).is_dir(), f"target.path={path!r} is not a directory")
     try:
         model, tok = _from_pretrained(str(path), cfg, device, lean, local_files_only=True)
     except OSError as e:
         raise UserError(f"target.path={path!r}: cannot load ({_first_line(e)})") from None
-    mask = cfg.get("mask_token_id")
+    mask = cfg.mask_token_id
     if mask is None:
         mask = tok.mask_token_id
     check(mask is not None, f"target.path={path!r}: the tokenizer names no mask token (the block drafters fill "
                             f"their blocks with it); set target.mask_token_id to a rarely used id below "
                             f"{model.lm_head.weight.shape[0]}")
-    return Target("hf", model, tok, int(mask), _stops(cfg, tok), dict(cfg.get("chat_kwargs") or {}), source=str(path),
+    return Target("hf", model, tok, int(mask), _stops(cfg, tok), dict(cfg.chat_kwargs or {}), source=str(path),
                   lean=lean)
 
 
 def _stops(cfg, tok) -> list[int]:
-    stops = cfg.get("stop_token_ids")
+    stops = cfg.stop_token_ids
     return list(stops) if stops else [int(tok.eos_token_id)]

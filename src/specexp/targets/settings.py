@@ -1,0 +1,52 @@
+"""The `target` group's keys, typed: `TargetSettings`, the view config.py validates the group as and the loaders,
+the static engine and the packing read (`registry.build_target` builds it once). No torch here: the command
+line checks a config before anything heavy is imported."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..schema import (
+    DTYPES,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_TOKENS,
+    MAX_WIDTH,
+    Settings,
+    choice,
+    frozen,
+    int_list,
+    ints,
+    is_int,
+    null_or,
+    setting,
+)
+
+
+@frozen
+class TargetSettings(Settings):
+    """`target`: the model being accelerated (config.py validates the group as this view; the loaders, the static
+    engine and the packing read it). The architecture keys (hidden_size ...) belong to loader=tiny_qwen3."""
+    KEY = "target"
+    name: str = "smollm2_135m"
+    loader: str = "smollm2"
+    hub_id: str | None = None
+    path: str | None = None
+    revision: str | None = None
+    source: str = choice("auto", "hub", "gguf")
+    dtype: str = choice("auto", *DTYPES)
+    engine: str = choice("auto", "hf", "static")
+    compile: bool = choice(False, True, words="true or false")
+    prepack: Any = choice("auto", True, False)
+    attn_implementation: str = "auto"
+    mask_token_id: int | None = setting(None, null_or(is_int(0)), "an int >= 0 or null")
+    chat_kwargs: dict = setting(factory=dict)          # the chat template's own keyword arguments: free-form
+    stop_token_ids: list | None = setting(None, null_or(int_list()), "a non-empty list of ints >= 0, or null")
+    cache_dir: str | None = None
+    hidden_size: int = setting(64, *ints(1, MAX_WIDTH))
+    intermediate_size: int = setting(128, *ints(1, MAX_WIDTH))
+    num_layers: int = setting(4, *ints(1, MAX_LAYERS))
+    num_heads: int = setting(4, *ints(1, MAX_HEADS))
+    num_kv_heads: int = setting(2, *ints(1, MAX_HEADS))
+    max_context: int = setting(4096, *ints(2, MAX_TOKENS))
+    init_std: float = 0.1
+    seed: int = 0
