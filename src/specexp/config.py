@@ -577,7 +577,11 @@ def checked(cfg, s: Config | None = None) -> Config:
         return s
     values = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
     values.pop("hydra", None)
-    return Config.from_cfg(values)                 # each group checked as validate checks it, alone
+    typed = Config.from_cfg(values)                # keys and types
+    for group, cls in (GROUPS | TASK_GROUPS).items():
+        if isinstance(values.get(group), dict):
+            cls.check_values(values[group], values)     # each group's own rules, as validate checks them
+    return typed
 
 
 def _interpolation_hint(cfg, message: str) -> str:
