@@ -25,9 +25,9 @@ def main() -> None:
     from hydra import compose, initialize_config_dir
 
     from specexp import registry
-    from specexp.kernels import cpu_linear
     from specexp.machine import cpu_info
     from specexp.paths import CONF_DIR
+    from specexp.targets import cpu_linear
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2_135m")

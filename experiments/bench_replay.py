@@ -32,6 +32,7 @@ import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from specexp import benchmarks, registry  # noqa: E402
+from specexp.config import ReplayConfig  # noqa: E402
 from specexp.decoding.engine import generate  # noqa: E402
 from specexp.eval.references import turns_with_prompts  # noqa: E402
 from specexp.eval.replay import build_references, replay_turn, teacher_forced  # noqa: E402
@@ -134,7 +135,7 @@ def main() -> None:
     samples = benchmarks.load(names, args.num_samples, cfg.eval.shuffle_seed)
     target = registry.build_target(cfg.target, torch.device("cpu"))
     dc = decode_config(cfg.decoding, cfg.eval, target)
-    refs = build_references(cfg, target, samples, dc)
+    refs = build_references(cfg, target, samples, dc, ReplayConfig.from_cfg(cfg.replay))
     turns = [(s, t, ids, ref) for s in samples for t, ids, ref in turns_with_prompts(target, s, refs.get(s))]
 
     rows = []

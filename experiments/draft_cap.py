@@ -137,7 +137,7 @@ def main() -> None:
 
     from specexp import machine
     from specexp.decoding.engine import generate
-    from specexp.kernels import cpu_linear
+    from specexp.targets import cpu_linear
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2_135m")
