@@ -13,7 +13,7 @@ key has its field). `validate(cfg)` checks a composed config against them:
           line before anything is allocated and before the run directory is claimed, not a 10 GB allocation later
 
 The code reads the same dataclasses: `validate` returns the checked `Config` (a frozen view per group), and the task's
-runner reads `s.eval`, `s.decoding`, ... from it rather than rebuilding a view (`Settings.from_cfg`) of its own.
+runner reads `typed.eval`, `typed.decoding`, ... from it rather than rebuilding a view (`Settings.from_cfg`) of its own.
 """
 from __future__ import annotations
 
