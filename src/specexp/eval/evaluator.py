@@ -26,24 +26,20 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from .. import benchmarks, log, registry
-from ..config import Config, EvalConfig, checked
+from .. import log
+from ..config import Config, EvalConfig
 from ..decoding.batch_spec import speculate_batched
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round, generate
 from ..errors import check
-from ..files import write_json, write_text_atomic
-from ..machine import resolve_device
-from ..report.tables import summary_markdown
 from ..targets import cpu_linear
-from ..tracking import make_logger, run_info
-from . import metrics, shards
+from ..tracking import run_info
+from . import metrics, run, shards
 from .references import SampleJob, batch_engine
 from .replay import build_references, default_replay, replay_sample
 from .store import ResultStore
-from .summary import decode_config, draft_vocab, resolve_auto, run_settings, summarize
+from .summary import draft_vocab, run_settings
 
 
 def turn_seed(seed: int, sample_id: str, turn: int) -> int:
@@ -230,33 +226,26 @@ def run_eval(cfg, out_dir: Path, typed: Config | None = None) -> dict:
 
     Everything that can be wrong with the input is checked before the run directory is claimed (store.py), so a
     failed start leaves it as it was and the corrected command can use it."""
-    device = resolve_device(cfg.device)
-    out_dir, typed = Path(out_dir), resolve_auto(checked(cfg, typed), device)
+    out_dir, sel = Path(out_dir), run.select(cfg, typed)
+    typed, device, samples = sel.typed, sel.device, sel.samples          # samples: all unless eval.shard=I/N
     ev, dec = typed.eval, typed.decoding
-    shard = shards.parse(ev.shard)
-    selected = benchmarks.from_config(typed.benchmark, ev)
-    samples = shards.select(selected, shard)            # all of them unless eval.shard=I/N
-    subset = shards.timed_subset(selected, ev.timed_samples, cfg.seed)     # over the whole selection: shard-independent
+    subset = shards.timed_subset(sel.selected, ev.timed_samples, cfg.seed)   # over the whole selection
     timed_keys = shards.timed_members(subset)
     check(not (ev.check_lossless is True and dec.protocol != "greedy"),
           f"eval.check_lossless=true compares outputs token for token and needs greedy decoding (got protocol "
           f"{dec.protocol}); at T>0 losslessness is a distribution-level property (tests/decoding)")
-    target = registry.build_target(cfg.target, device)
-    drafter = registry.build_drafter(cfg.drafter, target, draft_vocab(ev, cfg.drafter.name, device))
-    round_metrics = registry.drafter_entry(cfg.drafter.name).metrics
-    dc = decode_config(dec, ev, target)
+    m = run.build(cfg, sel, draft_vocab(ev, cfg.drafter.name, device))
+    target, drafter, round_metrics, dc = m.target, m.drafter, m.round_metrics, m.dc
     k = drafts_per_round(drafter, dc)
     for s in samples:                   # first turns only: later ones depend on the model's answers
         check_fits(target, s.id, 0, len(target.encode_chat([{"role": "user", "content": s.turns[0]}])), dc, k)
 
     settings = shards.with_timed(run_settings(cfg, device, typed), ev.timed_samples, subset)
-    with ResultStore(out_dir, settings, samples, shards.entry(selected, shard)) as store:
-        resolved = OmegaConf.to_container(cfg, resolve=True)
-        write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-        write_json(out_dir / "run_info.json", {**run_info(device), "target_source": target.source,
-                                               "target_prepacked": cpu_linear.is_packed(target.model),
-                                               "target_packing": cpu_linear.describe(target.model)})
-        logger = make_logger(cfg.logger, out_dir, resolved, name=f"{cfg.drafter.name}-{target.name}")
+    with ResultStore(out_dir, settings, samples, shards.entry(sel.selected, sel.shard)) as store:
+        run.start(cfg, out_dir, {**run_info(device), "target_source": target.source,
+                                 "target_prepacked": cpu_linear.is_packed(target.model),
+                                 "target_packing": cpu_linear.describe(target.model)})
+        logger = run.logger(cfg, out_dir, name=f"{cfg.drafter.name}-{target.name}")
 
         done = store.done()
         todo = [s for s in samples if (s.benchmark, s.id) not in done]
@@ -295,16 +284,7 @@ def run_eval(cfg, out_dir: Path, typed: Config | None = None) -> dict:
                 group = []
         bar.close()
 
-        wanted = {(s.benchmark, s.id) for s in samples}
-        summary = summarize([r for r in store.records if (r["benchmark"], r["id"]) in wanted],
-                            list(cfg.benchmark.names), target, drafter, dc, round_metrics,
-                            timed=None if subset is None else {"samples": ev.timed_samples, "seed": cfg.seed},
-                            batch_size=ev.batch_size)
-        md = summary_markdown(summary)
-        write_json(out_dir / "summary.json", summary)
-        write_text_atomic(out_dir / "summary.md", md)
-        logger.summary(summary)
-        logger.artifact("eval", [out_dir / "summary.json", out_dir / "samples.jsonl"])
-        logger.finish()
+        summary, md = run.finish(cfg, out_dir, store.records, sel, m, logger, "eval", batch_size=ev.batch_size,
+                                 timed=None if subset is None else {"samples": ev.timed_samples, "seed": cfg.seed})
     log.table(md)
     return summary

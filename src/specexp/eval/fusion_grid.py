@@ -22,16 +22,14 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from .. import benchmarks, log, registry
-from ..config import Config, FusionGridConfig, checked
+from .. import log
+from ..config import Config, FusionGridConfig
 from ..decoding.engine import drafts_per_round
 from ..drafters.dels import DeLSDrafter
 from ..errors import check
-from ..files import write_json, write_text_atomic
-from ..machine import resolve_device
-from ..report.tables import summary_markdown
-from ..tracking import make_logger, run_info
-from . import shards
+from ..files import write_text_atomic
+from ..tracking import run_info
+from . import run, shards
 from .references import turns_with_prompts
 from .replay import (
     budget,
@@ -44,7 +42,6 @@ from .replay import (
     tap_file,
 )
 from .store import ResultStore
-from .summary import decode_config, resolve_auto, summarize
 
 
 def cell_name(alpha: float, beta: float) -> str:
@@ -84,21 +81,15 @@ def grid_turn(drafter, prompt: list[int], ref: list[int], tf: dict, dc, near_tie
 
 def run_grid(cfg, out_dir: Path, typed: Config | None = None) -> dict:
     """Every cell of `replay.fusion_grid` (module docstring); returns {cell name: summary}."""
-    typed = resolve_auto(checked(cfg, typed), resolve_device(cfg.device))
-    out_dir, rp = Path(out_dir), replay_settings(typed)
-    ev, dec = typed.eval, typed.decoding
+    out_dir, sel = Path(out_dir), run.select(cfg, typed)
+    typed, device, samples = sel.typed, sel.device, sel.samples
+    rp, ev = replay_settings(typed), typed.eval
     cells = grid_cells(rp.fusion_grid)
-    device = resolve_device(cfg.device)
-    shard = shards.parse(ev.shard)
-    selected = benchmarks.from_config(typed.benchmark, ev)
-    samples = shards.select(selected, shard)
-    target = registry.build_target(cfg.target, device)
-    drafter = registry.build_drafter(cfg.drafter, target)          # DeLS: eval.draft_vocab is refused for it
+    m = run.build(cfg, sel)                                      # DeLS: eval.draft_vocab is refused for it
+    target, drafter, round_metrics, dc = m.target, m.drafter, m.round_metrics, m.dc
     check(isinstance(drafter, DeLSDrafter),
           f"replay.fusion_grid needs a drafter with fusion weights (dels_rnn, dels_markov); "
           f"got drafter={cfg.drafter.name}")
-    round_metrics = registry.drafter_entry(cfg.drafter.name).metrics
-    dc = decode_config(dec, ev, target)
     refs = build_references(cfg, target, samples, dc, rp)
     if rp.references_only:
         return {}
@@ -109,12 +100,11 @@ def run_grid(cfg, out_dir: Path, typed: Config | None = None) -> dict:
     taps = drafter.tap_layers
     with contextlib.ExitStack() as stack:
         stores = [stack.enter_context(ResultStore(out_dir / cell_name(*c), run_settings(cc, typed, refs), samples,
-                                                  shards.entry(selected, shard)))
+                                                  shards.entry(sel.selected, sel.shard)))
                   for c, cc in zip(cells, cfgs)]
         info = {**run_info(device), "target_source": target.source, "references": str(refs.dir)}
-        for c, cc, store in zip(cells, cfgs, stores):
-            write_text_atomic(store.dir / "config.yaml", OmegaConf.to_yaml(cc, resolve=True))
-            write_json(store.dir / "run_info.json", info)
+        for cc, store in zip(cfgs, stores):
+            run.start(cc, store.dir, info)
         done_by = [s.done() for s in stores]                  # only this loop appends: computed once
         todo = [s for s in samples if any((s.benchmark, s.id) not in d for d in done_by)]
         bar = tqdm(todo, desc=f"alpha/beta grid ({len(cells)} cells) of {cfg.drafter.name} on {target.name}",
@@ -129,20 +119,10 @@ def run_grid(cfg, out_dir: Path, typed: Config | None = None) -> dict:
             for store, done, recs in zip(stores, done_by, per_cell):
                 if (sample.benchmark, sample.id) not in done:
                     store.append(recs)
-        wanted = {(s.benchmark, s.id) for s in samples}
         out = {}
-        for c, store in zip(cells, stores):
-            summary = summarize([r for r in store.records if (r["benchmark"], r["id"]) in wanted],
-                                list(cfg.benchmark.names), target, drafter, dc, round_metrics, mode="replay")
-            write_json(store.dir / "summary.json", summary)
-            write_text_atomic(store.dir / "summary.md", summary_markdown(summary))
-            out[cell_name(*c)] = summary
         for c, cc, store in zip(cells, cfgs, stores):   # one W&B run per cell (job type grid): Figure 2's points
-            logger = make_logger(cc.logger, store.dir, OmegaConf.to_container(cc, resolve=True),
-                                 name=f"{cfg.drafter.name}-{target.name} {cell_name(*c)}", job_type="grid")
-            logger.summary(out[cell_name(*c)])
-            logger.artifact("grid", [store.dir / "summary.json", store.dir / "samples.jsonl"])
-            logger.finish()
+            logger = run.logger(cc, store.dir, f"{cfg.drafter.name}-{target.name} {cell_name(*c)}", job_type="grid")
+            out[cell_name(*c)] = run.finish(cc, store.dir, store.records, sel, m, logger, "grid", mode="replay")[0]
     md = grid_markdown(cells, out, cfg.drafter.name)
     write_text_atomic(out_dir / "grid.md", md)
     log.table(md)

@@ -36,20 +36,18 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from .. import benchmarks, files, log, registry
-from ..config import Config, ReplayConfig, checked
+from .. import files, log
+from ..config import Config, ReplayConfig
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round
 from ..decoding.tree import follow
 from ..errors import UserError, check, invariant
-from ..files import write_json, write_text_atomic
 from ..machine import resolve_device
-from ..report.tables import summary_markdown
 from ..targets.hf import target_settings
-from ..tracking import make_logger, run_info
-from . import metrics, shards
+from ..tracking import run_info
+from . import metrics, run, shards
 from .references import ReferenceStore, batch_engine, compute_references, set_fingerprint, turns_with_prompts
 from .store import ResultStore
-from .summary import capped, checkpoint_digests, decode_config, draft_vocab, resolve_auto, summarize, vocab_settings
+from .summary import capped, checkpoint_digests, draft_vocab, vocab_settings
 
 _log = log.get(__name__)
 
@@ -323,29 +321,21 @@ def run_replay(cfg, out_dir, typed: Config | None = None) -> dict:
     """`task=replay`: replay `cfg.drafter` on the target's references of `cfg.benchmark`; returns the summary.
     Everything is validated and the references exist before the run directory is claimed (eval/store.py).
     A config with `replay.fusion_grid` set is `eval/fusion_grid.run_grid`'s (the task dispatches it there)."""
-    out_dir, typed = Path(out_dir), resolve_auto(checked(cfg, typed), resolve_device(cfg.device))
+    out_dir, sel = Path(out_dir), run.select(cfg, typed)
+    typed, device, samples = sel.typed, sel.device, sel.samples          # samples: all unless eval.shard=I/N
     rp = replay_settings(typed)
     check(not grid_requested(rp), "replay.fusion_grid is set: run it through task=replay (eval/fusion_grid.py "
                                    "run_grid), not run_replay")
-    ev, dec = typed.eval, typed.decoding
-    device = resolve_device(cfg.device)
-    shard = shards.parse(ev.shard)
-    selected = benchmarks.from_config(typed.benchmark, ev)
-    samples = shards.select(selected, shard)            # all of them unless eval.shard=I/N (references too)
-    target = registry.build_target(cfg.target, device)
-    drafter = registry.build_drafter(cfg.drafter, target, draft_vocab(ev, cfg.drafter.name, device, timed=False))
-    round_metrics = registry.drafter_entry(cfg.drafter.name).metrics
-    dc = decode_config(dec, ev, target)
+    ev = typed.eval
+    m = run.build(cfg, sel, draft_vocab(ev, cfg.drafter.name, device, timed=False))
+    target, drafter, round_metrics, dc = m.target, m.drafter, m.round_metrics, m.dc
     refs = build_references(cfg, target, samples, dc, rp)
     if rp.references_only:
         return {}
     settings = run_settings(cfg, typed, refs)
-    with ResultStore(out_dir, settings, samples, shards.entry(selected, shard)) as store:
-        write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-        write_json(out_dir / "run_info.json", {**run_info(device), "target_source": target.source,
-                                               "references": str(refs.dir)})
-        logger = make_logger(cfg.logger, out_dir, OmegaConf.to_container(cfg, resolve=True),
-                             name=f"{cfg.drafter.name}-{target.name}")
+    with ResultStore(out_dir, settings, samples, shards.entry(sel.selected, sel.shard)) as store:
+        run.start(cfg, out_dir, {**run_info(device), "target_source": target.source, "references": str(refs.dir)})
+        logger = run.logger(cfg, out_dir, name=f"{cfg.drafter.name}-{target.name}")
         done = store.done()
         todo = [s for s in samples if (s.benchmark, s.id) not in done]
         log.LOG.info(f"replay: {len(todo)} of {len(samples)} samples to replay with {cfg.drafter.name} "
@@ -359,14 +349,7 @@ def run_replay(cfg, out_dir, typed: Config | None = None) -> dict:
             bar.set_postfix(bench=sample.benchmark, tau=f"{metrics.fmean(taus):.2f}" if taus else "–")
             _log.debug(f"replayed {sample.benchmark}/{sample.id}: τ {metrics.fmean(taus) if taus else None}")
 
-        wanted = {(s.benchmark, s.id) for s in samples}
-        summary = summarize([r for r in store.records if (r["benchmark"], r["id"]) in wanted],
-                            list(cfg.benchmark.names), target, drafter, dc, round_metrics, mode="replay")
-        md = summary_markdown(summary)
-        write_json(out_dir / "summary.json", summary)
-        write_text_atomic(out_dir / "summary.md", md)
-        logger.summary(summary)             # the eval/... keys the dashboards read; job type replay
-        logger.artifact("replay", [out_dir / "summary.json", out_dir / "samples.jsonl"])
-        logger.finish()
+        # the logger gets the eval/... keys the dashboards read; job type replay
+        summary, md = run.finish(cfg, out_dir, store.records, sel, m, logger, "replay", mode="replay")
     log.table(md)
     return summary

@@ -1,0 +1,92 @@
+"""The skeleton every runner of prompts shares (task=eval, task=replay, the α/β grid), written once:
+
+  select   the typed config (`auto` resolved for this device), the shard, the selected samples: no model yet, so
+           a runner's own checks of its input come next, before anything is built or claimed;
+  build    the target, the drafter, its per-round metrics and the engine's settings;
+  start    a claimed run directory's config.yaml and run_info.json (`logger`: its logger);
+  finish   the records of the selected samples summarised (summary.json, summary.md), handed to the logger, and the
+           table for the console.
+
+What a runner does between start and finish (decode, replay, a grid of cells) is its own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from .. import benchmarks, registry
+from ..config import Config, checked
+from ..decoding.engine import DecodeConfig
+from ..files import write_json, write_text_atomic
+from ..machine import resolve_device
+from ..report.tables import summary_markdown
+from ..tracking import make_logger
+from . import shards
+from .summary import decode_config, resolve_auto, summarize
+
+
+@dataclass
+class Selection:
+    typed: Config                  # the checked config, eval.max_drafts resolved for `device`
+    device: torch.device
+    shard: shards.Shard | None
+    selected: list                 # every selected sample (the unsharded run's)
+    samples: list                  # this shard's share of them (all of them when unsharded)
+
+    @property
+    def wanted(self) -> set[tuple[str, str]]:
+        return {(s.benchmark, s.id) for s in self.samples}
+
+
+@dataclass
+class Models:
+    target: object
+    drafter: object
+    round_metrics: object          # the drafter's per-round metrics (registry), or None
+    dc: DecodeConfig
+
+
+def select(cfg, typed: Config | None = None) -> Selection:
+    """The run's typed config and samples, from `cfg` (and `typed` as `validate` returned it, when given)."""
+    device = resolve_device(cfg.device)
+    typed = resolve_auto(checked(cfg, typed), device)
+    shard = shards.parse(typed.eval.shard)
+    selected = benchmarks.from_config(typed.benchmark, typed.eval)
+    return Selection(typed, device, shard, selected, shards.select(selected, shard))
+
+
+def build(cfg, sel: Selection, draft_vocab: tuple[int, str] | None = None) -> Models:
+    """The target and drafter of `cfg` on the selection's device, and the engine's settings."""
+    target = registry.build_target(cfg.target, sel.device)
+    drafter = registry.build_drafter(cfg.drafter, target, draft_vocab)
+    return Models(target, drafter, registry.drafter_entry(cfg.drafter.name).metrics,
+                  decode_config(sel.typed.decoding, sel.typed.eval, target))
+
+
+def start(cfg, out_dir: Path, info: dict) -> None:
+    """A claimed run directory's config.yaml and run_info.json (`info`: tracking.run_info and the run's own)."""
+    write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    write_json(out_dir / "run_info.json", info)
+
+
+def logger(cfg, out_dir: Path, name: str, job_type: str | None = None):
+    """The run's logger (`logger.*`; W&B holds one run at a time, so the α/β grid opens a cell's as it finishes)."""
+    return make_logger(cfg.logger, out_dir, OmegaConf.to_container(cfg, resolve=True), name=name, job_type=job_type)
+
+
+def finish(cfg, out_dir: Path, records: list[dict], sel: Selection, m: Models, logger, kind: str,
+           **summary_kw) -> tuple[dict, str]:
+    """summary.json and summary.md of the selected samples' records (`summary_kw`: `summarize`'s mode, timed and
+    batch_size), the logger's summary, artifact and end; returns (summary, its table)."""
+    summary = summarize([r for r in records if (r["benchmark"], r["id"]) in sel.wanted], list(cfg.benchmark.names),
+                        m.target, m.drafter, m.dc, m.round_metrics, **summary_kw)
+    md = summary_markdown(summary)
+    write_json(out_dir / "summary.json", summary)
+    write_text_atomic(out_dir / "summary.md", md)
+    logger.summary(summary)
+    logger.artifact(kind, [out_dir / "summary.json", out_dir / "samples.jsonl"])
+    logger.finish()
+    return summary, md
