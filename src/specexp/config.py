@@ -578,9 +578,7 @@ def checked(cfg, s: Config | None = None) -> Config:
     values = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
     values.pop("hydra", None)
     typed = Config.from_cfg(values)                # keys and types
-    for group, cls in (GROUPS | TASK_GROUPS).items():
-        if isinstance(values.get(group), dict):
-            cls.check_values(values[group], values)     # each group's own rules, as validate checks them
+    _check_groups(values)
     return typed
 
 
@@ -610,15 +608,20 @@ def _check_values(values: dict, own: set, settings, drafter, unknown) -> None:
         settings.check_values(drafter, values)
     elif drafter is not None and not isinstance(drafter, dict):
         raise UserError(f"drafter={_fmt(drafter)} must be a mapping with keys: name, ...")
-    for group, cls in (GROUPS | TASK_GROUPS).items():
-        if isinstance(values.get(group), dict):
-            cls.check_values(values[group], values)
+    _check_groups(values)
     _check_target_fit(values)
     _check_compile(values)
     _check_shard(values)
     _check_hub(values)
     _check_sample_keys(values)
     _check_precision(values)
+
+
+def _check_groups(values: dict) -> None:
+    """Each group's own rules over its values (`Settings.check_values`), the whole config at hand."""
+    for group, cls in (GROUPS | TASK_GROUPS).items():
+        if isinstance(values.get(group), dict):
+            cls.check_values(values[group], values)
 
 
 def _check_sample_keys(values: dict) -> None:

@@ -99,9 +99,9 @@ def run_grid(cfg, out_dir: Path, typed: Config | None = None) -> dict:
             for a, b in cells]
     taps = drafter.tap_layers
     with contextlib.ExitStack() as stack:
-        stores = [stack.enter_context(ResultStore(out_dir / cell_name(*c), run_settings(cc, typed, refs), samples,
-                                                  shards.entry(sel.selected, sel.shard)))
-                  for c, cc in zip(cells, cfgs)]
+        entry = shards.entry(sel.selected, sel.shard)
+        stores = [stack.enter_context(ResultStore(out_dir / cell_name(*c), run_settings(cc, typed, device, refs),
+                                                  samples, entry)) for c, cc in zip(cells, cfgs)]
         info = {**run_info(device), "target_source": target.source, "references": str(refs.dir)}
         for cc, store in zip(cfgs, stores):
             run.start(cc, store.dir, info)

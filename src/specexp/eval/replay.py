@@ -41,7 +41,6 @@ from ..config import Config, ReplayConfig
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round
 from ..decoding.tree import follow
 from ..errors import UserError, check, invariant
-from ..machine import resolve_device
 from ..targets.hf import target_settings
 from ..tracking import run_info
 from . import metrics, run, shards
@@ -279,9 +278,9 @@ def reference_batch(value, target) -> int:
     return CPU_REFERENCE_BATCH
 
 
-def run_settings(cfg, typed: Config, refs: ReferenceStore) -> dict:
+def run_settings(cfg, typed: Config, device, refs: ReferenceStore) -> dict:
     """Every setting that changes a replay's results (run.json, eval/store.py)."""
-    rp, ev, device = typed.replay, typed.eval, resolve_device(cfg.device)
+    rp, ev = typed.replay, typed.eval
     vocab = vocab_settings(ev, cfg.drafter.name, device, timed=False)
     vocab |= {"draft_vocab_content": checkpoint_digests(vocab, "eval")} if vocab else {}
     return {
@@ -332,7 +331,7 @@ def run_replay(cfg, out_dir, typed: Config | None = None) -> dict:
     refs = build_references(cfg, target, samples, dc, rp)
     if rp.references_only:
         return {}
-    settings = run_settings(cfg, typed, refs)
+    settings = run_settings(cfg, typed, device, refs)
     with ResultStore(out_dir, settings, samples, shards.entry(sel.selected, sel.shard)) as store:
         run.start(cfg, out_dir, {**run_info(device), "target_source": target.source, "references": str(refs.dir)})
         logger = run.logger(cfg, out_dir, name=f"{cfg.drafter.name}-{target.name}")
