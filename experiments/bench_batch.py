@@ -340,8 +340,8 @@ def _run(args, argv: list[str], load_before) -> int:
     from specexp.config import BenchmarkConfig, EvalConfig
     from specexp.decoding.batch_spec import speculate_batched
     from specexp.decoding.engine import DecodeConfig, drafts_per_round
+    from specexp.decoding.settings import max_drafts
     from specexp.eval.references import batch_engine, turn_prompt
-    from specexp.eval.summary import max_drafts
     from specexp.machine import cpu_info, describe
 
     cpu = torch.device("cpu")

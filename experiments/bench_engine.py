@@ -87,7 +87,7 @@ def main() -> None:
     from specexp.cli import CONF_DIR
     from specexp.config import EvalConfig
     from specexp.decoding.engine import DecodeConfig, drafts_per_round, generate
-    from specexp.eval.summary import draft_vocab, max_drafts
+    from specexp.decoding.settings import draft_vocab, max_drafts
     from specexp.targets import cpu_linear
     from specexp.targets.static import StaticTarget
 

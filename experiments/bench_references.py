@@ -40,9 +40,9 @@ import torch  # noqa: E402
 from specexp import benchmarks, registry  # noqa: E402
 from specexp.api import compose  # noqa: E402
 from specexp.config import BenchmarkConfig, DecodingConfig, EvalConfig  # noqa: E402
+from specexp.decoding.settings import decode_config  # noqa: E402
 from specexp.eval import metrics  # noqa: E402
 from specexp.eval.references import compute_references, sample_key, turns_with_prompts  # noqa: E402
-from specexp.eval.summary import decode_config  # noqa: E402
 from specexp.machine import describe  # noqa: E402
 
 

@@ -34,9 +34,9 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from specexp import benchmarks, registry  # noqa: E402
 from specexp.config import ReplayConfig  # noqa: E402
 from specexp.decoding.engine import generate  # noqa: E402
+from specexp.decoding.settings import decode_config  # noqa: E402
 from specexp.eval.references import turns_with_prompts  # noqa: E402
 from specexp.eval.replay import build_references, replay_turn, teacher_forced  # noqa: E402
-from specexp.eval.summary import decode_config  # noqa: E402
 from specexp.paths import CONF_DIR  # noqa: E402
 
 

@@ -55,7 +55,7 @@ def setup(args):
     from hydra import compose, initialize_config_dir
 
     from specexp import benchmarks, registry
-    from specexp.eval.summary import decode_config
+    from specexp.decoding.settings import decode_config
     from specexp.paths import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

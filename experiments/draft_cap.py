@@ -39,7 +39,7 @@ def setup(args):
     from hydra import compose, initialize_config_dir
 
     from specexp import benchmarks, registry
-    from specexp.eval.summary import decode_config
+    from specexp.decoding.settings import decode_config
     from specexp.paths import CONF_DIR
 
     overrides = [f"target={args.target}", f"drafter={args.drafter}", "device=cpu", f"eval.split={args.split}",

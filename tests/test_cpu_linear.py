@@ -280,7 +280,7 @@ def test_a_model_over_the_size_floor_is_packed_by_its_measured_plan(tmp_path, mo
                                                ({"avx2", "amx_bf16", "amx_tile"}, torch.bfloat16, "bf16")])
 def test_auto_resolves_dtype_packing_cap_and_engine_per_cpu(monkeypatch, flags, dtype, cap):
     from specexp import machine
-    from specexp.eval import summary
+    from specexp.decoding import settings
     from specexp.targets import hf as targets
 
     info = {"model": "mocked", "flags": {f: f in flags for f in machine.FLAGS}, "cores": 2}
@@ -289,6 +289,6 @@ def test_auto_resolves_dtype_packing_cap_and_engine_per_cpu(monkeypatch, flags, 
     cpu = torch.device("cpu")
     assert targets.resolve_dtype("auto", cpu) == dtype
     assert cpu_linear.wanted("auto", cpu, dtype) == cpu_linear.available(dtype)
-    want = summary.CPU_BF16_MAX_DRAFTS if cap == "bf16" else summary.CPU_FP32_MAX_DRAFTS
-    assert summary.max_drafts("auto", cpu, dtype) == want
+    want = settings.CPU_BF16_MAX_DRAFTS if cap == "bf16" else settings.CPU_FP32_MAX_DRAFTS
+    assert settings.max_drafts("auto", cpu, dtype) == want
     assert targets.resolve_engine("auto", cpu) == "static"

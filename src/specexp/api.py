@@ -110,18 +110,17 @@ class Pipeline:
         import torch
 
         from . import registry
-        from .config import validate
-        from .eval.summary import resolve_auto
+        from .config import resolve_auto, validate
         from .machine import resolve_device
 
         self.device = resolve_device(cfg.device)
         self.settings = resolve_auto(validate(cfg, job), self.device)     # the typed config every call reads
         self.cfg = cfg
         cfg.drafter = registry.fill_default_checkpoints(cfg.drafter, cfg.target.name)
-        if cfg.get("cpu_threads") is not None:
-            torch.set_num_threads(cfg.cpu_threads)
-        self.target = registry.build_target(cfg.target, self.device)
-        from .eval.summary import draft_vocab
+        if self.settings.cpu_threads is not None:
+            torch.set_num_threads(self.settings.cpu_threads)
+        self.target = registry.build_target(self.settings.target, self.device)
+        from .decoding.settings import draft_vocab
 
         vocab = draft_vocab(self.settings.eval, cfg.drafter.name, self.device)
         self.drafter = registry.build_drafter(cfg.drafter, self.target, vocab)
@@ -155,8 +154,7 @@ class Pipeline:
         import torch
 
         from .decoding.engine import drafts_per_round, generate
-        from .eval.evaluator import check_fits, turn_seed
-        from .eval.summary import decode_config
+        from .decoding.settings import check_fits, decode_config, turn_seed
 
         batch = _prompt_list(prompts)
         check(seed is None or (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0),
@@ -174,7 +172,7 @@ class Pipeline:
         k = drafts_per_round(self.drafter, dc)
         ids = [self.encode(p) for p in batch]
         for i, x in enumerate(ids):                          # every prompt checked before any is generated
-            check_fits(self.target, f"prompts[{i}]", 0, len(x), dc, k)
+            check_fits(self.target, f"prompts[{i}]", len(x), dc, k)
         out = []
         for i, x in enumerate(ids):
             g = torch.Generator(device=self.target.device)

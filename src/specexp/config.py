@@ -17,6 +17,7 @@ runner reads `typed.eval`, `typed.decoding`, ... from it rather than rebuilding 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -615,6 +616,21 @@ def _check_values(values: dict, own: set, settings, drafter, unknown) -> None:
     _check_hub(values)
     _check_sample_keys(values)
     _check_precision(values)
+
+
+def resolve_auto(typed: Config, device) -> Config:
+    """`typed` with the `auto` values that depend on the device resolved for `device`, once, at a run's edge:
+    `target.dtype` as the dtype's name (targets/settings.resolve_dtype_name) and `eval.max_drafts` as the engine's
+    cap at `eval.batch_size` (decoding/settings.max_drafts: an int, or None for the drafter's own K). The loader, the
+    engine's settings (`decode_config`) and run.json then read the same concrete values; each still accepts `auto`
+    from a caller outside a task (the experiment scripts) through the same two functions. Idempotent."""
+    from .decoding.settings import max_drafts
+    from .targets.settings import resolve_dtype_name
+
+    dtype = resolve_dtype_name(typed.target.dtype, device)
+    ev = typed.eval
+    return dataclasses.replace(typed, target=typed.target.replaced(dtype=dtype),
+                               eval=ev.replaced(max_drafts=max_drafts(ev.max_drafts, device, dtype, ev.batch_size)))
 
 
 def _check_groups(values: dict) -> None:

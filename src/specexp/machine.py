@@ -59,6 +59,11 @@ def native_bf16() -> bool:
     return f["avx512_bf16"] or f["amx_bf16"]
 
 
+def device_type(device) -> str:
+    """'cpu', 'cuda', ... of a torch.device or a device string ('cuda:1')."""
+    return getattr(device, "type", None) or str(device).split(":")[0]
+
+
 def describe(device: torch.device) -> dict:
     """The machine a result was measured on, for summaries: the device, the CPU model, the flags it has, threads."""
     cpu = cpu_info()

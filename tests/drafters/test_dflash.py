@@ -313,7 +313,8 @@ def test_a_restricted_draft_vocabulary_drafts_only_its_tokens_and_keeps_the_targ
 
 def test_auto_draft_vocabulary_is_a_cpu_dflash_speed_setting_recorded_as_resolved(cfg_factory, tmp_path):
     from specexp.config import EvalConfig
-    from specexp.eval.summary import CPU_DRAFT_VOCAB, draft_vocab, run_settings
+    from specexp.decoding.settings import CPU_DRAFT_VOCAB, draft_vocab
+    from specexp.eval.summary import run_settings
 
     regen = _regen_set(tmp_path / "regen", "tiny_qwen3", [([1, 2], [3, 4])])
     cpu, cuda = torch.device("cpu"), torch.device("cuda")

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from specexp.eval.summary import CPU_BF16_MAX_DRAFTS, CPU_FP32_MAX_DRAFTS, max_drafts
+from specexp.decoding.settings import CPU_BF16_MAX_DRAFTS, CPU_FP32_MAX_DRAFTS, max_drafts
 
 
 @pytest.mark.parametrize("value,device,dtype,want", [

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
+from specexp.decoding.settings import max_drafts
 from specexp.errors import UserError
 from specexp.eval import evaluator
 from specexp.eval.compare import run_compare
-from specexp.eval.summary import max_drafts
 
 RUN = ["benchmark.names=[gsm8k,mt_bench]", "eval.num_samples=3", "eval.max_new_tokens=14", "drafter.block_size=4"]
 

@@ -13,17 +13,9 @@ import torch
 
 from ..clock import now
 from ..drafters.base import Drafter, Proposal, Sampling
+from .settings import DecodeConfig
 from .tree import check_protocol, layout, verify_tree
 from .verify import SAMPLED_DRAFTS, verify
-
-
-@dataclass
-class DecodeConfig:
-    protocol: str = "greedy"           # greedy | A | B | block (see decoding/verify.py)
-    temperature: float = 0.0
-    max_new_tokens: int = 256
-    stop_token_ids: tuple[int, ...] = ()
-    max_drafts: int | None = None      # a cap on the drafts a round verifies (None: the drafter's own K)
 
 
 def drafts_per_round(drafter: Drafter | None, dc: DecodeConfig) -> int:

@@ -21,7 +21,6 @@ Files in the run directory (the results contract; see docs/architecture.md):
 from __future__ import annotations
 
 import hashlib
-import zlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from .. import log
 from ..config import Config, EvalConfig
 from ..decoding.batch_spec import speculate_batched
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round, generate
+from ..decoding.settings import check_fits, draft_vocab, turn_seed
 from ..errors import check
 from ..targets import cpu_linear
 from ..tracking import run_info
@@ -39,12 +39,7 @@ from . import metrics, run, shards
 from .references import SampleJob, batch_engine
 from .replay import build_references, default_replay, replay_sample
 from .store import ResultStore
-from .summary import draft_vocab, run_settings
-
-
-def turn_seed(seed: int, sample_id: str, turn: int) -> int:
-    """Per-turn sampling seed, independent of sample order (a resumed run draws the same numbers)."""
-    return zlib.crc32(f"{seed}/{sample_id}/{turn}".encode())
+from .summary import run_settings
 
 
 def _record(sample, turn: int, prompt_len: int, spec: Generation, ar: Generation | None, text: str,
@@ -72,15 +67,6 @@ def _record(sample, turn: int, prompt_len: int, spec: Generation, ar: Generation
     return rec
 
 
-def check_fits(target, sample_id: str, turn: int, prompt_len: int, dc: DecodeConfig, k: int) -> None:
-    """The prompt, the new tokens and one block of drafts must fit in the target's context."""
-    check(prompt_len + k + 2 <= target.max_context, f"sample {sample_id} turn {turn}: the prompt alone ({prompt_len} "
-          f"tokens, + {k} drafts) exceeds the target context of {target.max_context}; no eval.max_new_tokens fits")
-    check(prompt_len + dc.max_new_tokens + k + 1 <= target.max_context,
-          f"sample {sample_id} turn {turn}: prompt of {prompt_len} tokens + eval.max_new_tokens="
-          f"{dc.max_new_tokens} exceeds the target context of {target.max_context}; lower eval.max_new_tokens")
-
-
 def run_sample(target, drafter, sample, dc: DecodeConfig, ev: EvalConfig, seed: int, round_metrics=None,
                timed: bool | None = None) -> list[dict]:
     """All turns of one sample; each next user turn follows the model's own previous answer. `round_metrics`:
@@ -92,7 +78,7 @@ def run_sample(target, drafter, sample, dc: DecodeConfig, ev: EvalConfig, seed: 
     for turn, user in enumerate(sample.turns):
         messages.append({"role": "user", "content": user})
         ids = target.encode_chat(messages)
-        check_fits(target, sample.id, turn, len(ids), dc, k)
+        check_fits(target, f"sample {sample.id} turn {turn}", len(ids), dc, k)
         g = torch.Generator(device=target.device)
         g.manual_seed(turn_seed(seed, sample.id, turn))
         spec = generate(target, drafter, ids, dc, g)
@@ -148,7 +134,7 @@ class TurnsJob(SampleJob):
             ids = self.given[len(self.gens)] if len(self.gens) < len(self.given) else None
         if ids is not None:
             turn = len(self.gens)
-            check_fits(self.target, self.sample.id, turn, len(ids), self.dc, self.k)
+            check_fits(self.target, f"sample {self.sample.id} turn {turn}", len(ids), self.dc, self.k)
             self.prompts.append(ids)
             self.generator.manual_seed(turn_seed(self.seed, self.sample.id, turn))
         return ids
@@ -238,7 +224,8 @@ def run_eval(cfg, out_dir: Path, typed: Config | None = None) -> dict:
     target, drafter, round_metrics, dc = m.target, m.drafter, m.round_metrics, m.dc
     k = drafts_per_round(drafter, dc)
     for s in samples:                   # first turns only: later ones depend on the model's answers
-        check_fits(target, s.id, 0, len(target.encode_chat([{"role": "user", "content": s.turns[0]}])), dc, k)
+        first = target.encode_chat([{"role": "user", "content": s.turns[0]}])
+        check_fits(target, f"sample {s.id} turn 0", len(first), dc, k)
 
     settings = shards.with_timed(run_settings(cfg, device, typed), ev.timed_samples, subset)
     with ResultStore(out_dir, settings, samples, shards.entry(sel.selected, sel.shard)) as store:

@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 from .. import files, log
 from ..config import Config, ReplayConfig
 from ..decoding.engine import DecodeConfig, Generation, drafts_per_round
+from ..decoding.settings import draft_vocab
 from ..decoding.tree import follow
 from ..errors import UserError, check, invariant
 from ..targets.hf import target_settings
@@ -46,7 +47,7 @@ from ..tracking import run_info
 from . import metrics, run, shards
 from .references import ReferenceStore, batch_engine, compute_references, set_fingerprint, turns_with_prompts
 from .store import ResultStore
-from .summary import capped, checkpoint_digests, draft_vocab, vocab_settings
+from .summary import capped, checkpoint_digests, vocab_settings
 
 _log = log.get(__name__)
 
@@ -288,7 +289,7 @@ def run_settings(cfg, typed: Config, device, refs: ReferenceStore) -> dict:
         "target": target_settings(cfg.target, device),
         "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
         "max_new_tokens": ev.max_new_tokens, "near_tie": rp.near_tie, "batched": rp.batched, "save_text": ev.save_text,
-        **capped(ev, cfg.target, device), **vocab,
+        **capped(ev), **vocab,
     }
 
 

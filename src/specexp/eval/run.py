@@ -18,19 +18,19 @@ import torch
 from omegaconf import OmegaConf
 
 from .. import benchmarks, registry
-from ..config import Config, checked
-from ..decoding.engine import DecodeConfig
+from ..config import Config, checked, resolve_auto
+from ..decoding.settings import DecodeConfig, decode_config
 from ..files import write_json, write_text_atomic
 from ..machine import resolve_device
 from ..report.tables import summary_markdown
 from ..tracking import make_logger
 from . import shards
-from .summary import decode_config, resolve_auto, summarize
+from .summary import summarize
 
 
 @dataclass
 class Selection:
-    typed: Config                  # the checked config, eval.max_drafts resolved for `device`
+    typed: Config                  # the checked config, target.dtype and eval.max_drafts resolved for `device`
     device: torch.device
     shard: shards.Shard | None
     selected: list                 # every selected sample (the unsharded run's)
@@ -60,7 +60,7 @@ def select(cfg, typed: Config | None = None) -> Selection:
 
 def build(cfg, sel: Selection, draft_vocab: tuple[int, str] | None = None) -> Models:
     """The target and drafter of `cfg` on the selection's device, and the engine's settings."""
-    target = registry.build_target(cfg.target, sel.device)
+    target = registry.build_target(sel.typed.target, sel.device)
     drafter = registry.build_drafter(cfg.drafter, target, draft_vocab)
     return Models(target, drafter, registry.drafter_entry(cfg.drafter.name).metrics,
                   decode_config(sel.typed.decoding, sel.typed.eval, target))

@@ -28,9 +28,8 @@ import torch
 
 from .. import pins, schema
 from ..errors import UserError, check, invariant, one_of
-from ..machine import native_bf16
 from ..paths import cache_root
-from .settings import TargetSettings
+from .settings import TargetSettings, resolve_dtype_name
 
 QWEN3_MASK_TOKEN, QWEN3_MASK_ID = "<|MASK|>", 151669
 # Qwen2/Qwen3 special tokens in id order from 151643 (after the 151643 BPE tokens).
@@ -223,8 +222,7 @@ def target_settings(target_cfg, device: torch.device) -> dict:
     from omegaconf import OmegaConf
 
     t = OmegaConf.to_container(target_cfg, resolve=True)
-    if t.get("dtype") == "auto":
-        t["dtype"] = str(resolve_dtype("auto", device)).removeprefix("torch.")
+    t["dtype"] = resolve_dtype_name(t["dtype"], device)
     if t.get("engine") == "auto" and device.type == "cpu":
         t["engine"] = "hf"            # auto runs the static engine there, which computes HF eager's logits bit for bit
     return {k: v for k, v in t.items() if k not in ("cache_dir", "prepack") and not (k == "engine" and v == "hf")
@@ -246,12 +244,10 @@ def resolve_engine(engine: str, device: torch.device) -> str:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """`target.dtype`; `auto` = bf16 on CUDA and on a CPU with native bf16 (machine.py: AVX512-BF16 or AMX), fp32
-    on any other CPU (bf16 there is emulated through fp32: slower, and less exact)."""
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" or native_bf16() else torch.float32
-    check(dtype in DTYPES, f"target.dtype={dtype!r} is not valid; choose one of: auto, {', '.join(DTYPES)}")
-    return DTYPES[dtype]
+    """`target.dtype` as a torch dtype on `device` (`auto`: targets/settings.resolve_dtype_name)."""
+    check(dtype == "auto" or dtype in DTYPES, f"target.dtype={dtype!r} is not valid; choose one of: auto, "
+                                              f"{', '.join(DTYPES)}")
+    return DTYPES[resolve_dtype_name(dtype, device)]
 
 
 def cache_keyword(model: torch.nn.Module) -> str:

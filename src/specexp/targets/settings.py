@@ -50,3 +50,15 @@ class TargetSettings(Settings):
     max_context: int = setting(4096, *ints(2, MAX_TOKENS))
     init_std: float = 0.1
     seed: int = 0
+
+
+def resolve_dtype_name(dtype: str, device) -> str:
+    """`target.dtype` as the name of a concrete dtype on `device` (a torch.device or 'cpu' / 'cuda'); `auto` = bf16
+    on CUDA and on a CPU with native bf16 (machine.py: AVX512-BF16 or AMX), fp32 on any other CPU (bf16 there is
+    emulated through fp32: slower, and less exact). The one place that says what `auto` means: config.resolve_auto
+    calls it once at a run's edge, and the loaders (targets/hf.resolve_dtype) for a caller that passes `auto`."""
+    if dtype != "auto":
+        return dtype
+    from ..machine import device_type, native_bf16  # torch: only once a run resolves its device
+
+    return "bfloat16" if device_type(device) == "cuda" or native_bf16() else "float32"
