@@ -111,6 +111,7 @@ class Pipeline:
 
         from . import registry
         from .config import resolve_auto, validate
+        from .decoding.settings import draft_vocab
         from .machine import resolve_device
 
         self.device = resolve_device(cfg.device)
@@ -119,11 +120,9 @@ class Pipeline:
         cfg.drafter = registry.fill_default_checkpoints(cfg.drafter, cfg.target.name)
         if self.settings.cpu_threads is not None:
             torch.set_num_threads(self.settings.cpu_threads)
-        self.target = registry.build_target(self.settings.target, self.device)
-        from .decoding.settings import draft_vocab
-
         vocab = draft_vocab(self.settings.eval, cfg.drafter.name, self.device)
-        self.drafter = registry.build_drafter(cfg.drafter, self.target, vocab)
+        m = registry.build_models(self.settings, cfg.drafter, self.device, vocab)     # as a run builds them
+        self.target, self.drafter = m.target, m.drafter
         self._lock = threading.Lock()
 
     def encode(self, prompt: Prompt) -> list[int]:

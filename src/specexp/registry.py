@@ -229,9 +229,9 @@ def drafter_view(cfg):
 
 def build_drafter(cfg, target, draft_vocab: tuple[int, str] | None = None):
     """The drafter of `cfg` for `target`; `draft_vocab`: (N, regeneration set), DFlash drafting from that set's N
-    most frequent answer tokens (`eval.draft_vocab`, eval/summary.py resolves it). Where the target's linear layers
-    are packed (`target.prepack`), the drafter's own are too (targets/cpu_linear.py: bf16 bit-identical, fp32 by the
-    machine's measured plan)."""
+    most frequent answer tokens (`eval.draft_vocab`, which decoding/settings.draft_vocab resolves). Where the target's
+    linear layers are packed (`target.prepack`), the drafter's own are too (targets/cpu_linear.py: bf16
+    bit-identical, fp32 by the machine's measured plan)."""
     entry = drafter_entry(cfg.name)
     view = drafter_view(fill_default_checkpoints(cfg, target.name))     # the one typed view a builder reads
     drafter = None if entry.build is None else entry.build(view, target)
@@ -242,6 +242,22 @@ def build_drafter(cfg, target, draft_vocab: tuple[int, str] | None = None):
     if drafter is not None and not getattr(target, "lean", False) and cpu_linear.is_packed(target.model):
         _pack_parts(drafter, target)
     return drafter
+
+
+@dataclass
+class Models:
+    """What a run decodes with: the target, the drafter (None: the target alone) and the drafter's per-round
+    metrics (its entry's `metrics`, or None)."""
+    target: object
+    drafter: object
+    round_metrics: object
+
+
+def build_models(typed, drafter_cfg, device, draft_vocab: tuple[int, str] | None = None) -> Models:
+    """The target of the typed config (`auto` resolved: config.resolve_auto) and the drafter of `drafter_cfg` on
+    `device`: the one way a run (eval/run.build) and the API's `Pipeline` build them."""
+    target = build_target(typed.target, device)
+    return Models(target, build_drafter(drafter_cfg, target, draft_vocab), drafter_entry(drafter_cfg.name).metrics)
 
 
 def _pack_parts(obj, target, depth: int = 2) -> None:

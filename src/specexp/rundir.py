@@ -27,9 +27,10 @@ from .errors import UserError, check
 from .tracking import record_command
 
 LOCK, RUN, SAMPLES, SUMMARY = ".lock", "run.json", "samples.jsonl", "summary.json"
+CONFIG, RUN_INFO, SUMMARY_MD = "config.yaml", "run_info.json", "summary.md"
 
 # Files a run writes into its directory (the evaluator's results contract, the loggers, training summaries).
-RUN_FILES = ("samples.jsonl", "summary.json", "summary.md", "config.yaml", "run_info.json", "run.json",
+RUN_FILES = (SAMPLES, SUMMARY, SUMMARY_MD, CONFIG, RUN_INFO, RUN,
              "metrics.csv", "summary.csv", "train_summary.json", "data.json", "command.json")
 # Faults of the machine rather than of the program: one line, no traceback.
 ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EISDIR,

@@ -32,14 +32,12 @@ from omegaconf import OmegaConf
 from .. import log, registry
 from ..errors import UserError, check
 from ..files import write_json, write_text_atomic
-from ..report.tables import summary_markdown
-from ..rundir import LOCK, RUN, SAMPLES, SUMMARY, lock, read_records, read_text
-from ..tracking import make_logger, record_command, run_info
+from ..rundir import CONFIG, LOCK, RUN, RUN_INFO, SAMPLES, SUMMARY, lock, read_records, read_text
+from ..tracking import record_command, run_info
+from . import run as run_skeleton
 from .shards import Shard, part
 from .store import FORMAT, settings_diff
 from .summary import SUMMARY_HEADER, summarize_records
-
-CONFIG, RUN_INFO = "config.yaml", "run_info.json"
 
 
 @dataclass
@@ -261,20 +259,13 @@ def run_merge(cfg, out_dir) -> dict:
         info = {"merged_by": run_info(torch.device("cpu")),
                 "shards": [{"dir": str(s.dir), "shard": str(s.shard), **(s.info or {})}
                            for s in sorted(runs, key=lambda s: s.shard.index)]}
-        md = summary_markdown(summary)
         # run.json first: a merge cut short leaves OUT claimable by the same merge (or empty of results)
         write_json(out / RUN, run)
         write_text_atomic(out / SAMPLES, text)
-        write_text_atomic(out / CONFIG, OmegaConf.to_yaml(config))
-        write_json(out / RUN_INFO, info)
-        write_json(out / SUMMARY, summary)
-        write_text_atomic(out / "summary.md", md)
+        run_skeleton.start(config, out, info)
         # W&B (job type merge): the merged run's config (the shards' task, drafter, ...) and summary
-        logger = make_logger(cfg.logger, out, OmegaConf.to_container(config, resolve=True),
-                             name=f"{summary['drafter']}-{summary['target']}", job_type="merge")
-        logger.summary(summary)
-        logger.artifact("merge", [out / SUMMARY, out / SAMPLES])
-        logger.finish()
+        logger = run_skeleton.logger(cfg, out, f"{summary['drafter']}-{summary['target']}", "merge", config=config)
+        md = run_skeleton.publish(out, summary, logger, "merge")
     finally:
         for f in held:
             f.close()

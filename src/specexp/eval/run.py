@@ -1,11 +1,13 @@
-"""The skeleton every runner of prompts shares (task=eval, task=replay, the α/β grid), written once:
+"""The skeleton every runner of prompts shares (task=eval, task=replay, the α/β grid; task=merge its start and
+finish, the API its build), written once:
 
   select   the typed config (`auto` resolved for this device), the shard, the selected samples: no model yet, so
            a runner's own checks of its input come next, before anything is built or claimed;
   build    the target, the drafter, its per-round metrics and the engine's settings;
   start    a claimed run directory's config.yaml and run_info.json (`logger`: its logger);
-  finish   the records of the selected samples summarised (summary.json, summary.md), handed to the logger, and the
-           table for the console.
+  finish   the records of the selected samples summarised and published (`publish`: summary.json, summary.md, the
+           logger's summary and artifact; task=merge publishes its merged summary the same way), and the table for
+           the console.
 
 What a runner does between start and finish (decode, replay, a grid of cells) is its own.
 """
@@ -23,6 +25,7 @@ from ..decoding.settings import DecodeConfig, decode_config
 from ..files import write_json, write_text_atomic
 from ..machine import resolve_device
 from ..report.tables import summary_markdown
+from ..rundir import CONFIG, RUN_INFO, SAMPLES, SUMMARY, SUMMARY_MD
 from ..tracking import make_logger
 from . import shards
 from .summary import summarize
@@ -42,11 +45,8 @@ class Selection:
 
 
 @dataclass
-class Models:
-    target: object
-    drafter: object
-    round_metrics: object          # the drafter's per-round metrics (registry), or None
-    dc: DecodeConfig
+class Models(registry.Models):
+    dc: DecodeConfig = None        # the engine's settings
 
 
 def select(cfg, typed: Config | None = None) -> Selection:
@@ -60,21 +60,21 @@ def select(cfg, typed: Config | None = None) -> Selection:
 
 def build(cfg, sel: Selection, draft_vocab: tuple[int, str] | None = None) -> Models:
     """The target and drafter of `cfg` on the selection's device, and the engine's settings."""
-    target = registry.build_target(sel.typed.target, sel.device)
-    drafter = registry.build_drafter(cfg.drafter, target, draft_vocab)
-    return Models(target, drafter, registry.drafter_entry(cfg.drafter.name).metrics,
-                  decode_config(sel.typed.decoding, sel.typed.eval, target))
+    m = registry.build_models(sel.typed, cfg.drafter, sel.device, draft_vocab)
+    return Models(m.target, m.drafter, m.round_metrics, decode_config(sel.typed.decoding, sel.typed.eval, m.target))
 
 
 def start(cfg, out_dir: Path, info: dict) -> None:
     """A claimed run directory's config.yaml and run_info.json (`info`: tracking.run_info and the run's own)."""
-    write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    write_json(out_dir / "run_info.json", info)
+    write_text_atomic(out_dir / CONFIG, OmegaConf.to_yaml(cfg, resolve=True))
+    write_json(out_dir / RUN_INFO, info)
 
 
-def logger(cfg, out_dir: Path, name: str, job_type: str | None = None):
-    """The run's logger (`logger.*`; W&B holds one run at a time, so the α/β grid opens a cell's as it finishes)."""
-    return make_logger(cfg.logger, out_dir, OmegaConf.to_container(cfg, resolve=True), name=name, job_type=job_type)
+def logger(cfg, out_dir: Path, name: str, job_type: str | None = None, config=None):
+    """The run's logger (`cfg.logger`; W&B holds one run at a time, so the α/β grid opens a cell's as it finishes),
+    recording `config` (default `cfg`; a merge records its shards' config)."""
+    recorded = OmegaConf.to_container(cfg if config is None else config, resolve=True)
+    return make_logger(cfg.logger, out_dir, recorded, name=name, job_type=job_type)
 
 
 def finish(cfg, out_dir: Path, records: list[dict], sel: Selection, m: Models, logger, kind: str,
@@ -83,10 +83,16 @@ def finish(cfg, out_dir: Path, records: list[dict], sel: Selection, m: Models, l
     batch_size), the logger's summary, artifact and end; returns (summary, its table)."""
     summary = summarize([r for r in records if (r["benchmark"], r["id"]) in sel.wanted], list(cfg.benchmark.names),
                         m.target, m.drafter, m.dc, m.round_metrics, **summary_kw)
+    return summary, publish(out_dir, summary, logger, kind)
+
+
+def publish(out_dir: Path, summary: dict, logger, kind: str) -> str:
+    """summary.json and summary.md of a finished run (or merge), its summary and artifact handed to `logger`, which
+    then ends; returns the table for the console."""
     md = summary_markdown(summary)
-    write_json(out_dir / "summary.json", summary)
-    write_text_atomic(out_dir / "summary.md", md)
+    write_json(out_dir / SUMMARY, summary)
+    write_text_atomic(out_dir / SUMMARY_MD, md)
     logger.summary(summary)
-    logger.artifact(kind, [out_dir / "summary.json", out_dir / "samples.jsonl"])
+    logger.artifact(kind, [out_dir / SUMMARY, out_dir / SAMPLES])
     logger.finish()
-    return summary, md
+    return md
