@@ -51,22 +51,18 @@ def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
     tasks["dashboard"] = run_dashboard           # the W&B workspace and reports as code (dashboard.json)
     tasks["export"] = run_export                 # a trained drafter for vLLM / SGLang (docs/export.md)
     tasks["plan"] = run_plan                     # the projected device time of a run, before anything is spent
-    one_of("task", cfg.task.name, tasks)
-    torch.manual_seed(cfg.seed)
-    if cfg.get("cpu_threads") is not None:
-        torch.set_num_threads(cfg.cpu_threads)
+    one_of("task", typed.task.name, tasks)
+    torch.manual_seed(typed.seed)
+    if typed.cpu_threads is not None:
+        torch.set_num_threads(typed.cpu_threads)
     # The command every run directory records when it is claimed (tracking.command_record): the process's own
     # command line from the CLI (no `job` given), none from the Python API; the overrides either way.
     command = tracking.command_record(out_dir, job or config.hydra_choices(), None if job is not None else sys.argv)
     token = tracking.COMMAND.set(command)
     try:
-        run = tasks[cfg.task.name]
-        return run(cfg, out_dir, typed) if cfg.task.name in TYPED else run(cfg, out_dir)
+        return tasks[typed.task.name](cfg, out_dir, typed)    # every runner reads the typed config validate returned
     finally:
         tracking.COMMAND.reset(token)
-
-
-TYPED = ("eval", "replay", "plan", "train")       # the runners that read the typed config `validate` returned
 
 
 def sweeper_metric(summary) -> float | None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from .. import log
+from ..config import Config, checked
 from ..errors import check
 from ..files import write_json, write_text_atomic
 from ..rundir import RUN, claimed_for, read_json, run_records
@@ -170,10 +171,12 @@ def compare_runs(a, b, allow_mismatch: bool = False, allow_batch_mismatch: bool 
     return {"a": _label(a), "b": _label(b), **({"mismatch": unlike} if unlike else {}), **compare(ra, rb)}
 
 
-def run_compare(cfg, out_dir) -> dict:
-    c = cfg.compare
-    check(bool(c.a) and bool(c.b), "task=compare needs compare.a=DIR and compare.b=DIR (run directories)")
-    result = compare_runs(c.a, c.b, bool(c.get("allow_mismatch", False)), bool(c.get("allow_batch_mismatch", False)))
+def run_compare(cfg, out_dir, typed: Config | None = None) -> dict:
+    """`task=compare`: compare.json and compare.md of `compare.a` against `compare.b` (`compare_runs`)."""
+    c = checked(cfg, typed).compare
+    check(c is not None and bool(c.a) and bool(c.b),
+          "task=compare needs compare.a=DIR and compare.b=DIR (run directories)")
+    result = compare_runs(c.a, c.b, c.allow_mismatch, c.allow_batch_mismatch)
     md = compare_markdown(result)
     with claimed_for(out_dir, "compare") as d:       # never into another run's directory, nor while one runs there
         write_json(d / "compare.json", result)

@@ -30,6 +30,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from .. import log, registry
+from ..config import Config, checked
 from ..errors import UserError, check
 from ..files import write_json, write_text_atomic
 from ..rundir import CONFIG, LOCK, RUN, RUN_INFO, SAMPLES, SUMMARY, lock, read_records, read_text
@@ -215,12 +216,12 @@ def _claim(out: Path, run: dict, text: str) -> None:
     check(why is None, f"hydra.run.dir={out} holds other results ({why}); choose an empty directory for the merge")
 
 
-def run_merge(cfg, out_dir) -> dict:
+def run_merge(cfg, out_dir, typed: Config | None = None) -> dict:
     """`task=merge`: see the module docstring. Returns the merged summary."""
-    out = Path(out_dir)
-    check(len(cfg.merge.runs) > 0, "merge.runs is empty; name the shard directories of one run, e.g. "
-                                   "merge.runs='[DIR0,DIR1]', or the directory holding them")
-    dirs = run_dirs(cfg.merge.runs)
+    out, mg = Path(out_dir), checked(cfg, typed).merge
+    check(mg is not None and len(mg.runs) > 0, "merge.runs is empty; name the shard directories of one run, e.g. "
+                                               "merge.runs='[DIR0,DIR1]', or the directory holding them")
+    dirs = run_dirs(mg.runs)
     check(not any(d.resolve() == out.resolve() for d in dirs),
           f"hydra.run.dir={out} is one of merge.runs; the merged run needs a directory of its own")
     held = []

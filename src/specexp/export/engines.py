@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import log
+from ..config import Config, ExportConfig, checked
 from ..errors import UserError, check
+from ..targets.settings import TargetSettings
 
 EXPORTABLE = ("dflash", "eagle3", "domino_ft")
 # Why a drafter cannot be served today, and what would be needed (one line each).
@@ -108,11 +110,11 @@ def _truthy(v: str | None) -> bool:
     return (v or "").strip().upper() in ("1", "ON", "YES", "TRUE")      # huggingface_hub's reading of its flags
 
 
-def check_push(ex) -> dict | None:
+def check_push(ex: ExportConfig) -> dict | None:
     """`export.push` preconditions: a repo id, a reachable hub, a token (only its presence is looked at)."""
-    if not ex.get("push"):
+    if not ex.push:
         return None
-    check(bool(ex.get("repo_id")), "export.push=true needs export.repo_id=OWNER/NAME (the hub repository to create "
+    check(bool(ex.repo_id), "export.push=true needs export.repo_id=OWNER/NAME (the hub repository to create "
                                    "or update)")
     check(not _truthy(os.environ.get("HF_HUB_OFFLINE")),
           "export.push=true but the hub is offline (HF_HUB_OFFLINE=1); unset HF_HUB_OFFLINE, or export now and "
@@ -121,20 +123,20 @@ def check_push(ex) -> dict | None:
 
     check(get_token() is not None, "export.push=true needs a hub token: set HF_TOKEN or run `hf auth login`; none "
                                    "is configured")
-    return {"repo_id": str(ex.repo_id), "private": bool(ex.get("private", True))}
+    return {"repo_id": str(ex.repo_id), "private": ex.private}
 
 
-def out_dir_of(ex, run_dir) -> Path:
+def out_dir_of(ex: ExportConfig, run_dir) -> Path:
     """`export.out`, else `<run dir>/model`; a file, or a non-empty directory without `export.overwrite=true`, is
     refused. A relative `export.out` is relative to the current directory (as every path of the command line), not
     to the run directory; `export.out` may be the run directory itself (its log and lock do not count)."""
-    out = Path(str(ex.out)).expanduser() if ex.get("out") else Path(run_dir) / "model"
-    key = f"export.out={str(out)!r}" if ex.get("out") else f"the export directory {out}"
+    out = Path(str(ex.out)).expanduser() if ex.out else Path(run_dir) / "model"
+    key = f"export.out={str(out)!r}" if ex.out else f"the export directory {out}"
     check(not out.exists() or out.is_dir(), f"{key} is a file; expected a directory to write the drafter into")
     parent = next((p for p in out.parents if p.exists()), None)
     check(parent is None or parent.is_dir(), f"{key}: {parent} is a file, not a directory")
     own = {log.FILE, ".lock"} if out.resolve() == Path(run_dir).resolve() else set()   # this run's, not an export
-    check(ex.get("overwrite") is True or not (out.is_dir() and any(f.name not in own for f in out.iterdir())),
+    check(ex.overwrite or not (out.is_dir() and any(f.name not in own for f in out.iterdir())),
           f"{key} is not empty; choose another directory, or set export.overwrite=true to replace the files "
           f"export writes there")
     return out
@@ -145,14 +147,17 @@ def _nested(a: Path, b: Path) -> bool:
     return a == b or b in a.parents or a in b.parents
 
 
-def plan(cfg, run_dir) -> Plan:
-    """Check everything an export needs and load the drafter; nothing is written. One `UserError` line per fault."""
+def plan(cfg, run_dir, typed: Config | None = None) -> Plan:
+    """Check everything an export needs and load the drafter; nothing is written. One `UserError` line per fault.
+    `typed`: the checked config (config.checked); the drafter group stays the mapping of its own keys."""
     import torch
 
     from .. import checkpoints as ckpt
     from ..drafters import dflash, eagle3
 
-    ex, d = cfg.export, cfg.drafter
+    typed = checked(cfg, typed)
+    ex, d = typed.export, cfg.drafter
+    check(ex is not None, "the export group is missing: run task=export, which composes it")
     if (line := refusal(d.name)) is not None:
         raise UserError(line)
     check(not (d.name == "domino_ft" and ex.format not in ("sglang", "hf")),
@@ -174,9 +179,9 @@ def plan(cfg, run_dir) -> Plan:
                                     f"the checkpoint")
     card = _read_card(source, where)
     trained_for = card.get("target")
-    check(trained_for in (None, cfg.target.name), f"{where} was trained for target {trained_for} (its card.json), "
-                                                  f"not target={cfg.target.name}; pass target={trained_for}")
-    dtype = getattr(torch, ex.dtype) if ex.get("dtype") else None
+    check(trained_for in (None, typed.target.name), f"{where} was trained for target {trained_for} (its card.json), "
+                                                    f"not target={typed.target.name}; pass target={trained_for}")
+    dtype = getattr(torch, ex.dtype) if ex.dtype else None
     caveats = []
     if d.name == "domino_ft":
         model, config, dtype, caveats, card = domino_plan(d, ex, source, where, dtype, card)
@@ -197,9 +202,9 @@ def plan(cfg, run_dir) -> Plan:
                               f"drafter.tap_layers=[LOW,MID,HIGH], the output-of-layer ids it was trained on")
         c.tap_layers = taps
         config = served(serving_config_eagle3(c))
-    p = Plan(d.name, ex.format, source, out, bool(ex.get("overwrite")), dtype, model, config, card, push=push,
+    p = Plan(d.name, ex.format, source, out, ex.overwrite, dtype, model, config, card, push=push,
              caveats=caveats)
-    p.info = card_facts(cfg, p)
+    p.info = card_facts(typed.target, cfg.drafter, p)
     return p
 
 
@@ -228,7 +233,7 @@ def domino_plan(d, ex, source: Path, where: str, dtype, card: dict):
           f"{where} is a DSpark-format DFlash backbone (its own embedding and lm_head); SGLang's Domino path uses the "
           f"target's, so only a z-lab backbone exports")
     c, bc = head.config, backbone.config
-    force = bool(ex.get("force"))
+    force = ex.force
     guidance = float((d.get("head") or {}).get("guidance", 1.0))
     caveats = []
     for bad, line in ((c.vocab_size != bc.vocab_size or c.hidden_size != bc.hidden_size,
@@ -237,7 +242,7 @@ def domino_plan(d, ex, source: Path, where: str, dtype, card: dict):
                       (guidance != 1.0, f"drafter.head.guidance={guidance:g}: SGLang's Domino rollout adds the "
                                         f"correction unscaled (guidance 1), so it would decode otherwise than "
                                         f"specexp measured"),
-                      (dtype not in (None, torch.bfloat16), f"export.dtype={ex.get('dtype')}: SGLang's Domino runtime "
+                      (dtype not in (None, torch.bfloat16), f"export.dtype={ex.dtype}: SGLang's Domino runtime "
                                                             f"requires bf16 weights")):
         if bad:
             check(force, f"task=export drafter=domino_ft: {line}; set export.force=true to export anyway (the card "
@@ -315,12 +320,12 @@ def serving_commands(kind: str, config: dict, target: str, where: str, num_draft
                       f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {num_drafts + 1}"}
 
 
-def card_facts(cfg, p: Plan) -> dict:
+def card_facts(t: TargetSettings, drafter, p: Plan) -> dict:
     """The facts of the card and of export.json: target, data, τ, the commands (export's own and the engines')."""
-    t, card = cfg.target, p.card
-    target = t.get("hub_id") or t.get("path") or f"<the {t.name} weights>"
+    card = p.card
+    target = t.hub_id or t.path or f"<the {t.name} weights>"
     where = p.push["repo_id"] if p.push else str(p.out)
-    num_drafts = int(cfg.drafter.get("num_drafts") or 7)
+    num_drafts = int(drafter.get("num_drafts") or 7)
     commands = serving_commands(p.kind, p.config, target, where, num_drafts)
     # a Domino export is a released-format directory, which drafter.checkpoint reads whole
     replay = (f"python -m specexp task=replay target={t.name} drafter={p.kind} drafter.checkpoint="
@@ -448,12 +453,12 @@ def upload(out: Path, repo_id: str, private: bool) -> str:
     return str(getattr(info, "commit_url", None) or info)
 
 
-def run_export(cfg, out_dir) -> dict:
+def run_export(cfg, out_dir, typed: Config | None = None) -> dict:
     """`task=export`: plan (every check, the drafter loaded), claim the run directory, write, push when asked."""
     from ..files import write_json
     from ..rundir import claimed_for
 
-    p = plan(cfg, out_dir)
+    p = plan(cfg, out_dir, typed)
     with claimed_for(out_dir, "export") as d:     # never into another run's directory, nor while one runs there
         files = write(p)
         summary = {"out": str(p.out), "files": files, **p.info}

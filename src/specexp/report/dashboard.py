@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 
 from .. import log
+from ..config import Config, checked
 from ..errors import check
 from ..files import write_json
 from ..rundir import claimed_for, read_json
@@ -147,14 +148,15 @@ def spec(workspace, reports) -> dict:
             "reports": [_stable_ids(dump(r._to_model()), seen) for r in reports]}
 
 
-def run_dashboard(cfg, out_dir) -> dict:
+def run_dashboard(cfg, out_dir, typed: Config | None = None) -> dict:
     """`task=dashboard`: write DIR/dashboard.json; with dashboard.push=true also save it to W&B."""
-    d = cfg.dashboard
+    typed = checked(cfg, typed)
+    d = typed.dashboard
     try:
         import wandb_workspaces  # noqa: F401
     except ImportError:
         check(False, "task=dashboard needs wandb-workspaces: pip install -e '.[dashboards]'")
-    benchmarks = list(cfg.benchmark.names)
+    benchmarks = list(typed.benchmark.names)
     positions = int(d.max_position) if d.max_position is not None else configured_positions()
     workspace, reports = build(d.project, d.entity or "", benchmarks, positions, d.sweep_group)
     with claimed_for(out_dir, "dashboard") as out:  # never into another run's directory (eval/store.py)

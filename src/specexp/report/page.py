@@ -32,6 +32,7 @@ from pathlib import Path
 import yaml
 
 from .. import log
+from ..config import Config, checked
 from ..errors import check
 from ..files import write_text_atomic
 from ..rundir import claimed_for, read_json, read_summary
@@ -355,14 +356,15 @@ def render(inputs: Inputs, out_dir: Path, title: str, sources: list[str]) -> Pat
     return path
 
 
-def run_report(cfg, out_dir) -> dict:
+def run_report(cfg, out_dir, typed: Config | None = None) -> dict:
     """`task=report`: collect `report.runs`, write index.html + figures/ into the run directory."""
-    runs = list(cfg.report.runs or [])
+    rp = checked(cfg, typed).report
+    runs = list(rp.runs) if rp is not None else []
     check(len(runs) > 0, "report.runs is empty; give one or more run or sweep directories: "
                          "report.runs='[DIR,...]'")
     inputs = collect(runs)
     with claimed_for(out_dir, "report") as d:       # never into another run's directory (eval/store.py)
-        path = render(inputs, d, cfg.report.title or "specexp report", [str(r) for r in runs])
+        path = render(inputs, d, rp.title or "specexp report", [str(r) for r in runs])
     log.LOG.info(f"report: {path} ({len(inputs.runs)} runs, {len(inputs.sweeps)} sweeps, "
                  f"{len(inputs.trainings)} trainings)")
     return {"index": str(path)}

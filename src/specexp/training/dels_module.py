@@ -16,6 +16,7 @@ import torch
 
 from .. import checkpoints as ckpt
 from .. import log
+from ..config import Config, TaskConfig, checked
 from ..drafters import dels
 from ..drafters.dflash import DFlashDraftModel
 from ..errors import check, one_of
@@ -133,12 +134,11 @@ def head_plan(ctx) -> TrainPlan:
         eval_overrides=lambda path: {"head": {"init": "checkpoint", "checkpoint": path}})
 
 
-def prior_destination(task, out_dir) -> Path:
+def prior_destination(task: TaskConfig, out_dir) -> Path:
     """The directory `task=prior` writes log_prior.safetensors into: `task.out`, a directory (a head's), which may
     already hold a prior only with `task.overwrite=true`; else the run directory (a rerun there replaces its own)."""
-    overwrite = task.get("overwrite", False)
-    check(isinstance(overwrite, bool), f"task.overwrite={overwrite!r} is not valid; expected true or false")
-    if not task.get("out"):
+    overwrite = task.overwrite                       # a bool: config.py checked it
+    if not task.out:
         return Path(out_dir)
     dest = Path(str(task.out)).expanduser()
     check(not dest.exists() or dest.is_dir(), f"task.out={str(dest)!r} is a file; expected a directory (the prior "
@@ -149,17 +149,18 @@ def prior_destination(task, out_dir) -> Path:
     return dest
 
 
-def run_prior(cfg, out_dir) -> dict:
+def run_prior(cfg, out_dir, typed: Config | None = None) -> dict:
     """`task=prior`: the unigram prior of the data config's sequences, written to `task.out` (default: the
     run directory); point it at a head's directory to put the prior beside the head."""
-    dest = prior_destination(cfg.task, out_dir)   # before any work: a refusal costs nothing
+    typed = checked(cfg, typed)
+    dest = prior_destination(typed.task, out_dir)  # before any work: a refusal costs nothing
     with claimed_for(out_dir, "prior") as d:        # the run directory: never another run's (eval/store.py)
-        ctx = context(cfg, lean=True)               # counts tokens: no decoder layer needed
+        ctx = context(cfg, lean=True, typed=typed)  # counts tokens: no decoder layer needed
         counts = count_assistant_tokens(ctx.seqs, ctx.target.vocab_size)
-        path = dels.save_prior(counts, dest, cfg.task.smoothing, {"data_hash": ctx.data_hash,
+        path = dels.save_prior(counts, dest, typed.task.smoothing, {"data_hash": ctx.data_hash,
                                                                   "sequences": len(ctx.seqs)})
         summary = {"prior": str(path), "tokens": int(counts.sum()), "distinct": int((counts > 0).sum()),
-                   "vocab_size": ctx.target.vocab_size, "smoothing": cfg.task.smoothing, "data_hash": ctx.data_hash}
+                   "vocab_size": ctx.target.vocab_size, "smoothing": typed.task.smoothing, "data_hash": ctx.data_hash}
         write_json(d / "prior.json", summary)
     log.LOG.info(f"{summary}")
     return summary

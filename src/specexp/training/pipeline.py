@@ -331,7 +331,7 @@ def context(cfg, device: torch.device | None = None, lean: bool = False, typed: 
     checked config (config.checked)."""
     typed = checked(cfg, typed)
     target = registry.build_target(cfg.target, device or resolve_device(cfg.device), lean=lean)
-    stages = cache_root(cfg.paths.cache) / "stages"
+    stages = cache_root(typed.paths.cache) / "stages"
     seqs, data_hash = prepare_sequences(typed.data, cfg.target, target, stages)
     return TrainContext(target, cfg.target, seqs, data_hash, registry.drafter_view(cfg.drafter),
                         typed.train, typed.data, typed.fusion, stages)
@@ -504,10 +504,10 @@ def _wandb_finish(trainer, card: dict, final: Path) -> None:
             run.finish()
 
 
-def run_regenerate(cfg, out_dir) -> dict:
+def run_regenerate(cfg, out_dir, typed: Config | None = None) -> dict:
     """`task=regenerate`: the training sequences alone (the target's own answers, cached)."""
     with claimed_for(out_dir, "regenerate") as d:    # never into another run's directory, nor while one runs there
-        ctx = context(cfg)
+        ctx = context(cfg, typed=typed)
         summary = {"sequences": len(ctx.seqs), "tokens": sum(len(s.ids) for s in ctx.seqs),
                    "response_tokens": ctx.response_tokens, "data_hash": ctx.data_hash}
         write_json(d / "data.json", summary)
