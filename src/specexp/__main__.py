@@ -93,8 +93,22 @@ def _main() -> None:
     plugin_dirs = cli.plugin_config_dirs()
     if plugin_dirs:                 # plugins' YAML files join the conf tree (Hydra's search path)
         sys.argv.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in plugin_dirs) + "]")
-    precheck(sys.argv[1:])
-    _hydra_main()
+    # A single run: what the command line shows, then Hydra composes the config, once. A sweep is checked whole
+    # first (its jobs compose one by one, later: an unknown key must stop it before any job, not fail each one).
+    precheck(sys.argv[1:], keys=any(a in ("-m", "--multirun") for a in sys.argv[1:]))
+    from hydra.errors import HydraException
+
+    full_error = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"     # a failed composition raises here instead of printing several lines
+    try:
+        _hydra_main()
+    except HydraException as e:              # an unknown key, a bad value for Hydra's grammar: one line
+        raise cli.explain_failure(sys.argv[1:], e) from None
+    finally:
+        if full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = full_error
 
 
 def main() -> None:

@@ -41,12 +41,12 @@ def compose(overrides: Sequence[str] = ()) -> tuple[object, dict]:
           f"overrides take key=value and group=option only, not command-line flags: {overrides}")
     plugin_dirs = cli.plugin_config_dirs()
     search = ["hydra.searchpath=[" + ",".join(f"file://{d}" for d in plugin_dirs) + "]"] if plugin_dirs else []
-    cli.precheck([*overrides, *search])
+    cli.precheck([*overrides, *search], keys=False)      # the key check runs only if the composition fails
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = hydra_compose("config", overrides=[*overrides, *search], return_hydra_config=True)
     except HydraException as e:
-        raise UserError(cli.first_line(e)) from None
+        raise cli.explain_failure([*overrides, *search], e) from None
     job = {"choices": dict(cfg.hydra.runtime.choices), "overrides": overrides, "config_name": "config"}
     with open_dict(cfg):
         del cfg["hydra"]

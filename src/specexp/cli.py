@@ -338,9 +338,12 @@ def _parses(parser, override: str) -> bool:
     return True
 
 
-def precheck(argv: list[str]) -> None:
-    """Validate group options and keys of the command line against the conf tree; exit with one line. Hydra's own
-    flags that run nothing (help, --info, shell completion) are left to Hydra."""
+def precheck(argv: list[str], keys: bool = True) -> None:
+    """Validate group options and keys of the command line against the conf tree; raise one `UserError` line.
+    Hydra's own flags that run nothing (help, --info, shell completion) are left to Hydra. `keys=False`: only what
+    the command line itself shows (flags, group options, output dir, launcher), no composition: `__main__` and the
+    API check that much first and leave the composition to Hydra, calling `precheck(argv)` only when Hydra's
+    composition failed (`explain_failure`), so a run composes its config once."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
@@ -368,6 +371,8 @@ def precheck(argv: list[str]) -> None:
                 if str(v) not in options[key]:
                     raise UserError(f"{key}={clip(v)} is not an option; choose one of: {', '.join(options[key])}")
             group_args.append(f"{o.get_key_element()}={values[0]}")
+    if not keys:
+        return
     if any(a in ("--config-name", "-cn", "--config-dir", "-cd") or a.startswith(("--config-name=", "--config-dir="))
            for a in argv):
         return                  # another primary config (a sweep file): its keys are Hydra's to check
@@ -385,6 +390,16 @@ def precheck(argv: list[str]) -> None:
             raise UserError(unknown_key_message(OmegaConf.to_container(cfg), key))
         if not o.is_sweep_override() and isinstance(o.value(), dict):
             _check_merged_keys(cfg, key, o.value())
+
+
+def explain_failure(argv: list[str], e: Exception) -> UserError:
+    """The one line of a failed Hydra composition of `argv`: the key check's (`precheck`: an unknown key with the
+    nearest known ones, a typo inside a mapping), else the first line of Hydra's own message."""
+    try:
+        precheck(argv)
+    except UserError as known:
+        return known
+    return UserError(_first_line(e))
 
 
 def _check_merged_keys(cfg, key: str, value: dict) -> None:
