@@ -16,8 +16,8 @@ the selected benchmarks) and by two assumptions, printed with the table and over
   answer tokens   per turn: `plan.answer_tokens` (an int, or a mapping per benchmark), default the answers of a
                   shipped reference set when `replay.references` names one, else `eval.max_new_tokens` (the bound)
   τ               per drafter: `plan.tau` (a number, or a mapping per drafter), default `DEFAULT_TAU` by target
-Nothing here imports Hydra or OmegaConf: the GPU check (scripts/gpu_check.py, whose image has neither) calls
-`calibrate` and `project` directly.
+Nothing here imports Hydra or OmegaConf: the GPU check (scripts/gpu_parts/plan_calibration.py, whose image has
+neither) calls `calibrate` and `project` directly.
 """
 from __future__ import annotations
 

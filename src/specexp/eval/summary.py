@@ -96,7 +96,8 @@ def run_settings(cfg, device, typed: Config | None = None) -> dict:
     store compares the selected samples and their prompt text instead), and progress/logger/warmup. task=eval adds
     the timed subset when there is one (eval/shards.py `with_timed`): it depends on the selection too."""
     container = OmegaConf.to_container
-    drafter, ev = container(cfg.drafter, resolve=True), resolve_auto(checked(cfg, typed), device).eval
+    typed = resolve_auto(checked(cfg, typed), device)
+    drafter, ev = container(cfg.drafter, resolve=True), typed.eval
     vocab = vocab_settings(ev, drafter.get("name"), device)
     return {
         "target": target_settings(cfg.target, device), "drafter": drafter,
@@ -104,7 +105,7 @@ def run_settings(cfg, device, typed: Config | None = None) -> dict:
         "decoding": container(cfg.decoding, resolve=True),
         "eval": {k: getattr(ev, k) for k in ("max_new_tokens", "run_ar", "check_lossless", "near_tie", "save_text")}
         | capped(ev) | vocab,
-        "seed": cfg.seed, "device": device.type, "cpu_threads": cfg.get("cpu_threads"),
+        "seed": typed.seed, "device": device.type, "cpu_threads": typed.cpu_threads,
     }
 
 

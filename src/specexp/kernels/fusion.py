@@ -23,7 +23,8 @@ as a launch specialises them (16-byte-aligned pointers and V = 151936 get tt.div
 check did, it showed 13.6 KB). On a GPU
 `triton.autotune` picks among the spill-free tiles (`AUTOTUNE`) once per vocabulary size, rank, mode and dtype,
 outside any CUDA-graph capture (the graph's warm-up calls run first); under `TRITON_INTERPRET` (no registers, no
-timing) one fixed tile runs. `scripts/gpu_check.py` measures every tile (time per call, registers, stack).
+timing) one fixed tile runs. The GPU check measures every tile (scripts/gpu_parts/fusion_tiles_compile.py: time per
+call, registers, stack).
 Draws do not depend on the tile: Philox is keyed by the token id, not by the program.
 """
 from __future__ import annotations

@@ -46,7 +46,7 @@ fixed-shape step, so that one compiled function (and on CUDA one captured graph)
   replay only for inputs they treat as static (else they skip the graph, with a warning a run would not show),
   their outputs are overwritten by the next replay unless every call marks a step, they would capture each
   compiled layer apart, and an explicit capture wraps the plain step too (`inductor=False`: a capture costs one
-  forward, not a compilation), which scripts/gpu_check.py measures beside the compiled one.
+  forward, not a compilation), which the GPU check measures beside the compiled one (scripts/gpu_parts/static_graph.py).
 """
 from __future__ import annotations
 
