@@ -265,3 +265,16 @@ def test_hydra_quote_reads_back_as_the_same_value(value):
     from specexp.overrides import hydra_quote
 
     assert OverridesParser.create().parse_overrides([f"hydra.run.dir={hydra_quote(value)}"])[0].value() == value
+
+
+def test_an_unknown_key_is_left_to_hydras_one_composition_then_explained_in_one_line():
+    """A single run composes its config once: precheck(keys=False) reads only the command line; when Hydra's
+    composition fails, explain_failure gives the key check's line (the valid keys), else Hydra's first line."""
+    from specexp.cli import explain_failure, precheck
+
+    precheck(["eval.max_new_tokens=8", "eval.mx_new_tokens=8"], keys=False)            # no composition: not refused
+    with pytest.raises(UserError, match="drafter=foo is not an option"):
+        precheck(["drafter=foo"], keys=False)                                           # an option needs none
+    line = explain_failure(["eval.mx_new_tokens=8"], RuntimeError("Could not override 'eval.mx_new_tokens'.\nmore"))
+    assert "unknown key 'eval.mx_new_tokens'" in str(line) and "max_new_tokens" in str(line)
+    assert str(explain_failure(["eval.max_new_tokens=8"], RuntimeError("first\nsecond"))) == "first"

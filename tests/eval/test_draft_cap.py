@@ -58,3 +58,22 @@ def test_a_bf16_run_on_the_cpu_verifies_at_most_the_cap_and_stays_the_targets(cf
     for b in ("auto", "own"):
         assert json.loads((tmp_path / b / "summary.json").read_text())["benchmarks"]["gsm8k"][
             "lossless_mismatches"] == 0
+
+
+@pytest.mark.parametrize("native,dtype,cap", [("1", "bfloat16", CPU_BF16_MAX_DRAFTS),
+                                              ("0", "float32", CPU_FP32_MAX_DRAFTS)])
+def test_resolve_auto_gives_the_run_concrete_dtype_and_cap_once(cfg_factory, monkeypatch, native, dtype, cap):
+    """config.resolve_auto: `target.dtype=auto` and `eval.max_drafts=auto` become the names and numbers the loader,
+    the engine's settings and run.json read; a second pass changes nothing; on CUDA auto is bf16 and the drafter's K."""
+    from specexp.config import checked, resolve_auto
+
+    monkeypatch.setenv("SPECEXP_CPU_BF16", native)
+    typed = checked(cfg_factory("target.dtype=auto", "eval.max_drafts=auto"))
+    assert (typed.target.dtype, typed.eval.max_drafts) == ("auto", "auto")
+    cpu = resolve_auto(typed, torch.device("cpu"))
+    assert (cpu.target.dtype, cpu.eval.max_drafts) == (dtype, cap)
+    assert resolve_auto(cpu, torch.device("cpu")) == cpu                               # idempotent
+    cuda = resolve_auto(typed, "cuda")
+    assert (cuda.target.dtype, cuda.eval.max_drafts) == ("bfloat16", None)
+    pinned = resolve_auto(checked(cfg_factory("target.dtype=float32", "eval.max_drafts=5")), torch.device("cpu"))
+    assert (pinned.target.dtype, pinned.eval.max_drafts) == ("float32", 5)            # explicit values are kept
