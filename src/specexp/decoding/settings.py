@@ -44,7 +44,9 @@ def max_drafts(value, device, dtype, batch: int = 1) -> int | None:
     is a table by batch size (`eval.batch_size`): the entry of the largest B at or below the run's batch, none below
     it meaning the drafter's own K; at batch B a verify is B (k+1) rows, so the cap that pays shrinks as B grows
     (experiments/bench_batch.py measures it). The output is the target's whatever the cap; τ and a round's cost
-    change. It caps every drafter (a tree's depth, for EAGLE-3's trees), though `auto` was chosen on DFlash chains.
+    change. It caps every drafter, a tree's depth included, though `auto` was chosen on DFlash chains. A tree's
+    verify rows are `drafter.tree.total_tokens` whatever its depth. On DFlash trees the depth cap of 3 cost
+    Δτ -0.016 to -0.026 and at most -0.021x against depth 7 (tuning split; experiments/results/draft_cap, "Trees").
     `dtype`: a torch dtype or its name ('bfloat16')."""
     if isinstance(value, dict):
         at = [b for b in value if b <= batch]
