@@ -1,6 +1,6 @@
-"""What a run's summary is made of, without running anything: the settings
-its results depend on (`run_settings`, run.json), and summary.json from the records (`summarize`,
-`summarize_records`: τ with its bootstrap CI, speedup, per-position acceptance, the drafter's own metrics).
+"""What a run's summary is made of, without running anything: the settings its results depend on (`run_settings`,
+run.json), and summary.json from the records (`summarize`, `summarize_records`: τ with its bootstrap CI, speedup,
+per-position acceptance, the drafter's own metrics). The engine's settings live in decoding/settings.py.
 
 Evaluation (evaluator.py), replay (replay.py), the α/β grid (fusion_grid.py) and merging shards (merge.py) all
 summarise through here, so a number means the same whichever task produced it.
