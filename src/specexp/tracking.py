@@ -242,7 +242,7 @@ class WandbLogger(NoLogger):
     def __init__(self, cfg, out_dir: Path, config: dict, name: str, job_type: str | None = None):
         import wandb
 
-        mode = wandb_mode(cfg.get("mode"), os.environ)
+        mode = wandb_mode(cfg.mode, os.environ)
         self.wandb = wandb
         server = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
         offline = f"logging offline to {Path(out_dir) / 'wandb'} (sync later with `wandb sync`)"
@@ -250,8 +250,8 @@ class WandbLogger(NoLogger):
             # wandb.init would retry for minutes and then raise; the run's results matter more than the dashboard
             _warn(f"W&B server {server} is unreachable; {offline}")
             mode = "offline"
-        kw = dict(project=cfg.project, entity=cfg.get("entity"), name=name, dir=str(out_dir),
-                  tags=list(cfg.get("tags") or []), reinit="finish_previous",
+        kw = dict(project=cfg.project, entity=cfg.entity, name=name, dir=str(out_dir),
+                  tags=list(cfg.tags or []), reinit="finish_previous",
                   **wandb_run_args(config, out_dir, job_type))
         try:
             self.run = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=30), **kw)
@@ -329,8 +329,9 @@ class WandbLogger(NoLogger):
 
 
 def make_logger(cfg, out_dir: Path, config: dict, name: str, job_type: str | None = None):
-    """The logger `cfg` (logger.*) names, for a run writing into `out_dir`; `name` is the W&B run's name (a
-    multirun job's overrides are appended, run_name) and `job_type` overrides the task's name as its job type."""
+    """The logger `cfg` (the checked `logger` group, config.LoggerConfig) names, for a run writing into `out_dir`;
+    `config` is what the run records as its config; `name` is the W&B run's name (a multirun job's overrides are
+    appended, run_name) and `job_type` overrides the task's name as its job type."""
     one_of("logger.name", cfg.name, ("none", "csv", "wandb"))
     if cfg.name == "csv":
         return CSVLogger(out_dir)

@@ -173,7 +173,8 @@ def compare_runs(a, b, allow_mismatch: bool = False, allow_batch_mismatch: bool 
 
 def run_compare(cfg, out_dir, typed: Config | None = None) -> dict:
     """`task=compare`: compare.json and compare.md of `compare.a` against `compare.b` (`compare_runs`)."""
-    c = checked(cfg, typed).compare
+    typed = checked(cfg, typed)
+    c = typed.compare
     check(c is not None and bool(c.a) and bool(c.b),
           "task=compare needs compare.a=DIR and compare.b=DIR (run directories)")
     result = compare_runs(c.a, c.b, c.allow_mismatch, c.allow_batch_mismatch)
@@ -181,7 +182,7 @@ def run_compare(cfg, out_dir, typed: Config | None = None) -> dict:
     with claimed_for(out_dir, "compare") as d:       # never into another run's directory, nor while one runs there
         write_json(d / "compare.json", result)
         write_text_atomic(d / "compare.md", md)
-        logger = make_logger(cfg.logger, d, OmegaConf.to_container(cfg, resolve=True), name="compare")
+        logger = make_logger(typed.logger, d, OmegaConf.to_container(cfg, resolve=True), name="compare")
         logger.comparison(result)           # job type compare: compare/<benchmark>/delta, its CI, wins
         logger.artifact("compare", [d / "compare.json", d / "compare.md"])
         logger.finish()

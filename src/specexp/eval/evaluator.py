@@ -232,7 +232,7 @@ def run_eval(cfg, out_dir: Path, typed: Config | None = None) -> dict:
         run.start(cfg, out_dir, {**run_info(device), "target_source": target.source,
                                  "target_prepacked": cpu_linear.is_packed(target.model),
                                  "target_packing": cpu_linear.describe(target.model)})
-        logger = run.logger(cfg, out_dir, name=f"{cfg.drafter.name}-{target.name}")
+        logger = run.logger(typed, cfg, out_dir, name=f"{cfg.drafter.name}-{target.name}")
 
         done = store.done()
         todo = [s for s in samples if (s.benchmark, s.id) not in done]

@@ -121,7 +121,8 @@ def run_grid(cfg, out_dir: Path, typed: Config | None = None) -> dict:
                     store.append(recs)
         out = {}
         for c, cc, store in zip(cells, cfgs, stores):   # one W&B run per cell (job type grid): Figure 2's points
-            logger = run.logger(cc, store.dir, f"{cfg.drafter.name}-{target.name} {cell_name(*c)}", job_type="grid")
+            name = f"{cfg.drafter.name}-{target.name} {cell_name(*c)}"
+            logger = run.logger(typed, cc, store.dir, name, job_type="grid")
             out[cell_name(*c)] = run.finish(cc, store.dir, store.records, sel, m, logger, "grid", mode="replay")[0]
     md = grid_markdown(cells, out, cfg.drafter.name)
     write_text_atomic(out_dir / "grid.md", md)

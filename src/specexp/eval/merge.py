@@ -218,7 +218,8 @@ def _claim(out: Path, run: dict, text: str) -> None:
 
 def run_merge(cfg, out_dir, typed: Config | None = None) -> dict:
     """`task=merge`: see the module docstring. Returns the merged summary."""
-    out, mg = Path(out_dir), checked(cfg, typed).merge
+    out, typed = Path(out_dir), checked(cfg, typed)
+    mg = typed.merge
     check(mg is not None and len(mg.runs) > 0, "merge.runs is empty; name the shard directories of one run, e.g. "
                                                "merge.runs='[DIR0,DIR1]', or the directory holding them")
     dirs = run_dirs(mg.runs)
@@ -265,7 +266,7 @@ def run_merge(cfg, out_dir, typed: Config | None = None) -> dict:
         write_text_atomic(out / SAMPLES, text)
         run_skeleton.start(config, out, info)
         # W&B (job type merge): the merged run's config (the shards' task, drafter, ...) and summary
-        logger = run_skeleton.logger(cfg, out, f"{summary['drafter']}-{summary['target']}", "merge", config=config)
+        logger = run_skeleton.logger(typed, config, out, f"{summary['drafter']}-{summary['target']}", "merge")
         md = run_skeleton.publish(out, summary, logger, "merge")
     finally:
         for f in held:

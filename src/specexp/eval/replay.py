@@ -335,7 +335,7 @@ def run_replay(cfg, out_dir, typed: Config | None = None) -> dict:
     settings = run_settings(cfg, typed, device, refs)
     with ResultStore(out_dir, settings, samples, shards.entry(sel.selected, sel.shard)) as store:
         run.start(cfg, out_dir, {**run_info(device), "target_source": target.source, "references": str(refs.dir)})
-        logger = run.logger(cfg, out_dir, name=f"{cfg.drafter.name}-{target.name}")
+        logger = run.logger(typed, cfg, out_dir, name=f"{cfg.drafter.name}-{target.name}")
         done = store.done()
         todo = [s for s in samples if (s.benchmark, s.id) not in done]
         log.LOG.info(f"replay: {len(todo)} of {len(samples)} samples to replay with {cfg.drafter.name} "

@@ -70,11 +70,10 @@ def start(cfg, out_dir: Path, info: dict) -> None:
     write_json(out_dir / RUN_INFO, info)
 
 
-def logger(cfg, out_dir: Path, name: str, job_type: str | None = None, config=None):
-    """The run's logger (`cfg.logger`; W&B holds one run at a time, so the α/β grid opens a cell's as it finishes),
-    recording `config` (default `cfg`; a merge records its shards' config)."""
-    recorded = OmegaConf.to_container(cfg if config is None else config, resolve=True)
-    return make_logger(cfg.logger, out_dir, recorded, name=name, job_type=job_type)
+def logger(typed: Config, cfg, out_dir: Path, name: str, job_type: str | None = None):
+    """The run's logger (`typed.logger`; W&B holds one run at a time, so the α/β grid opens a cell's as it
+    finishes), recording `cfg` as the run's config (a grid cell's, a merge's shards')."""
+    return make_logger(typed.logger, out_dir, OmegaConf.to_container(cfg, resolve=True), name=name, job_type=job_type)
 
 
 def finish(cfg, out_dir: Path, records: list[dict], sel: Selection, m: Models, logger, kind: str,

@@ -200,10 +200,10 @@ def wandb_logger(logger, run_dir: Path, config: dict):
 
     from ..tracking import wandb_mode, wandb_run_args
 
-    mode = wandb_mode(logger.get("mode"), os.environ)       # WANDB_MODE=offline is never overridden
+    mode = wandb_mode(logger.mode, os.environ)       # WANDB_MODE=offline is never overridden
     # mode= goes to wandb.init as is (Lightning's offline=True would rewrite WANDB_MODE in the environment)
-    return WandbLogger(project=logger.project, entity=logger.get("entity"), save_dir=str(run_dir), mode=mode,
-                       tags=list(logger.get("tags") or []), **wandb_run_args(config, run_dir))
+    return WandbLogger(project=logger.project, entity=logger.entity, save_dir=str(run_dir), mode=mode,
+                       tags=list(logger.tags or []), **wandb_run_args(config, run_dir))
 
 
 def _throughput(device):
@@ -359,7 +359,7 @@ def _train(cfg, typed: Config, out_dir: Path, where: Placement) -> dict:
     plan: TrainPlan = plan_fn(ctx)
     run_dir = stage_dir(ctx.stages, plan.kind, {**plan.payload, "data": ctx.data_hash, **subset})
     run_dir.mkdir(parents=True, exist_ok=True)
-    trained = train_or_reuse(cfg, ctx, plan, run_dir, out_dir, where)
+    trained = train_or_reuse(cfg, typed, ctx, plan, run_dir, out_dir, where)
     if trained.rank != 0:                             # ranks started together (torchrun, srun): rank 0 writes
         return {"rank": trained.rank, "steps": trained.result["steps"]}
     final = export(run_dir / "artifact", ctx.train.export_dir)
@@ -396,7 +396,7 @@ class Trained:
     rank: int = 0                 # not 0: a rank other than the one that writes (it stops here)
 
 
-def train_or_reuse(cfg, ctx: TrainContext, plan: TrainPlan, run_dir: Path, out_dir: Path,
+def train_or_reuse(cfg, typed: Config, ctx: TrainContext, plan: TrainPlan, run_dir: Path, out_dir: Path,
                    where: Placement) -> Trained:
     """The stage's trained artifact (`run_dir/artifact`, with `train.json`): reused when the stage finished before
     (a reused stage logs nothing), else trained, resuming from the stage's last Lightning checkpoint. Global rank 0
@@ -409,7 +409,7 @@ def train_or_reuse(cfg, ctx: TrainContext, plan: TrainPlan, run_dir: Path, out_d
         log.LOG.info(f"reusing {artifact}")
         return Trained(result, None)
     module = plan.module()
-    trainer, timing, precision = lightning_fit(tc, cfg.logger, module, plan.dataset, run_dir, device, plan.epochs,
+    trainer, timing, precision = lightning_fit(tc, typed.logger, module, plan.dataset, run_dir, device, plan.epochs,
                                                 OmegaConf.to_container(cfg, resolve=True), out_dir, where,
                                                 plan.fsdp_wrap)
     try:
