@@ -52,7 +52,6 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {name: getattr(torch, name) for name in schema.DTYPES}      # the one list of names: schema.DTYPES
 
 
-
 @dataclass
 class Target:
     """A frozen causal LM as speculative decoding sees it.
