@@ -120,6 +120,95 @@ def test_eagle3_export_round_trips_with_both_tap_conventions(tiny_target, cfg_fa
     assert rounds_out == rounds_src and tau_out == tau_src
 
 
+def source_config(kind, path):
+    """specexp's own config of the drafter at `path` (what it computes), as export/contract.py's `accept` reads it."""
+    from types import SimpleNamespace
+
+    if kind == "eagle3":
+        return eagle3.Eagle3DraftModel.from_pretrained(path).config
+    if kind == "dflash":
+        return dflash.load_model(path, "source").config
+    raw = json.loads((path / "config.json").read_text())
+    c = dflash.DFlashConfig.from_dict(raw)
+    return SimpleNamespace(**vars(c), shifted=raw["dflash_config"]["shift_label"])
+
+
+@pytest.mark.parametrize("kind, fmt", [("dflash", "vllm"), ("dflash", "sglang"), ("eagle3", "vllm"),
+                                       ("eagle3", "sglang"), ("domino_ft", "sglang")])
+def test_every_key_an_engine_reads_means_there_what_specexp_computes(kind, fmt, tiny_target, cfg_factory, tmp_path):
+    """The export's config.json against the table of what vLLM's and SGLang's loaders do with each key
+    (export/contract.py): e.g. `norm_output`, which both engines read as "feed the normed state to the next draft
+    step" and specexp once wrote meaning "norm before the lm_head" (vLLM then accepted 1.61 tokens instead of 2.35)."""
+    from specexp.export import contract
+
+    if kind == "domino_ft":
+        src, head = domino_like(tiny_target, cfg_factory, tmp_path)
+        specexp.run("export", [*COMMON, "drafter=domino_ft", f"drafter.checkpoint={src}",
+                               f"drafter.head.checkpoint={head}", f"export.format={fmt}"], tmp_path / "run")
+    else:
+        src = trained_like(kind, tiny_target, cfg_factory, tmp_path / "src")
+        run_export(kind, src, tmp_path / "run", f"export.format={fmt}")
+    out = tmp_path / "run" / "model"
+    config = json.loads((out / "config.json").read_text())
+    c = source_config(kind, out if kind == "domino_ft" else src)
+    assert contract.faults(kind, config, c) == []
+    # the table can fail: each key it holds, set to a value outside what it accepts, is a fault naming that key
+    for key in contract.KEYS[kind]:
+        bad = json.loads(json.dumps(config))
+        node, *parts = [bad, *key.path.split(".")]
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = "something else"
+        assert [f.split(" ")[0] for f in contract.faults(kind, bad, c)] == [key.path], key.path
+
+
+def test_norm_output_is_not_exported_and_a_copied_engine_key_is_refused(tiny_target, cfg_factory, tmp_path):
+    src = trained_like("eagle3", tiny_target, cfg_factory, tmp_path / "src")
+    assert json.loads((src / "config.json").read_text())["norm_output"] is True     # specexp's: norm before lm_head
+    run_export("eagle3", src, tmp_path / "run")
+    config = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
+    assert "norm_output" not in config and "fc_norm" not in config
+    back = eagle3.Eagle3DraftModel.from_pretrained(tmp_path / "run" / "model").config
+    assert back.norm_output is True and back.fc_norm is False                      # read back as it was trained
+    # a key specexp does not read but an engine does, copied from the source's config.json: refused, nothing written
+    for kind, path, edit in (("eagle3", src, {"norm_before_fc": True}),
+                             ("dflash", trained_like("dflash", tiny_target, cfg_factory, tmp_path / "d"),
+                              {"eagle_aux_hidden_state_layer_ids": [7]})):
+        raw = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**raw, **edit}))
+        key = next(iter(edit))
+        with pytest.raises(specexp.UserError, match=rf"the export would be served otherwise than specexp runs it: "
+                                                    rf"{key} is .*specexp's drafter needs"):
+            run_export(kind, path, tmp_path / f"refused-{kind}")
+        assert not (tmp_path / f"refused-{kind}" / "model").exists()
+
+
+def test_eagle3_fc_norm_and_a_full_vocabulary_export_as_the_engines_read_them(tiny_target, cfg_factory, tmp_path):
+    """fc_norm (one RMSNorm per tap before fc) is read by both engines with specexp's meaning: exported with its
+    tensors. A drafter over the whole vocabulary writes no d2t / t2d (vLLM has no parameter for them then)."""
+    from specexp import registry
+
+    d = registry.build_drafter(cfg_factory("drafter=eagle3", "drafter.init=random", "drafter.tap_layers=[0,1,2]",
+                                           "drafter.seed=3").drafter, tiny_target)
+    d.model.config.fc_norm = True
+    model = eagle3.Eagle3DraftModel(d.model.config)
+    model.load_state_dict({**model.state_dict(), **{k: v for k, v in d.model.state_dict().items()}}, strict=False)
+    with torch.no_grad():
+        for n in model.fc_norm:
+            n.weight.uniform_(0.5, 1.5)
+    model.save_pretrained(tmp_path / "src", torch.bfloat16)
+    assert "d2t" not in tensors(tmp_path / "src")                          # the whole vocabulary: the identity
+    run_export("eagle3", tmp_path / "src", tmp_path / "run")
+    out = tmp_path / "run" / "model"
+    config, got = json.loads((out / "config.json").read_text()), tensors(out)
+    assert config["fc_norm"] is True and config["draft_vocab_size"] == tiny_target.vocab_size
+    assert {f"fc_norm.{i}.weight" for i in range(3)} <= set(got) and not {"d2t", "t2d"} & set(got)
+    back = eagle3.Eagle3DraftModel.from_pretrained(out)
+    assert back.config.fc_norm and all(torch.equal(a, b) for a, b in zip(back.state_dict().values(),
+                                                                         eagle3.Eagle3DraftModel.from_pretrained(
+                                                                             tmp_path / "src").state_dict().values()))
+
+
 def test_card_names_target_data_tau_and_command(tiny_target, cfg_factory, tmp_path):
     src = trained_like("dflash", tiny_target, cfg_factory, tmp_path / "src")
     run_export("dflash", src, tmp_path / "a", "export.format=vllm", "export.dtype=float32")
@@ -265,6 +354,8 @@ def test_domino_exports_as_sglang_reads_it_and_loads_back_the_same(tiny_target, 
     assert set(t) == set(sources) and all(torch.equal(t[k], sources[k]) for k in t)      # bit for bit
     assert summary["commands"].keys() == {"sglang"} and "--speculative-algorithm DFLASH" in summary["commands"][
         "sglang"]
+    # SGLang's default picks the correction's argmax from a 2,048-token pool; specexp over the whole vocabulary
+    assert summary["commands"]["sglang"].endswith("--speculative-domino-candidate-pool-size 0")
     # specexp reads the export back as a released Domino drafter and drafts what the sources draft: under protocol B
     # (drafts sampled from the head-corrected q, one seeded stream) any difference in q would change the output
     ids = tiny_target.encode_chat([{"role": "user", "content": "Count from one to ten."}])

@@ -349,14 +349,17 @@ class Eagle3DraftModel(nn.Module):
 
     def save_pretrained(self, path, dtype=None, config: dict | None = None) -> None:
         """The EAGLE/SpecForge layout (`midlayer.*`, d2t and t2d; embed_tokens only when the model owns one).
-        `config`: the config.json to write (default `self.config.to_dict()`; export adds the engines' fields)."""
+        `config`: the config.json to write (default `self.config.to_dict()`; export adds the engines' fields).
+        A drafter whose map is the identity over the whole vocabulary writes no d2t / t2d: vLLM has no parameter to
+        load them into then (it refuses the file), and every reader takes their absence as the identity."""
         state = {k: v for k, v in self.state_dict().items() if k != "d2t"}
         if dtype is not None:
             state = {k: v.to(dtype) for k, v in state.items()}
-        state["d2t"] = self.d2t
-        t2d = torch.zeros(self.config.vocab_size, dtype=torch.bool)
-        t2d[self.to_target(torch.arange(self.config.draft_vocab_size, device=self.d2t.device)).cpu()] = True
-        state["t2d"] = t2d
+        if self.config.draft_vocab_size < self.config.vocab_size or bool(self.d2t.any()):
+            state["d2t"] = self.d2t
+            t2d = torch.zeros(self.config.vocab_size, dtype=torch.bool)
+            t2d[self.to_target(torch.arange(self.config.draft_vocab_size, device=self.d2t.device)).cpu()] = True
+            state["t2d"] = t2d
         ckpt.save(path, state, config if config is not None else self.config.to_dict())
 
 

@@ -17,8 +17,9 @@ What is written (one layout per drafter, every format; only the card's commands 
   eagle3   config.json (Llama fields, architectures ["LlamaForCausalLMEagle3"], `draft_vocab_size`,
            `target_hidden_size`, the taps twice: `eagle_config.eagle_aux_hidden_state_layer_ids` for SGLang and
            SpecForge, top-level `eagle_aux_hidden_state_layer_ids` in vLLM's indexing) + model.safetensors
-           (`midlayer.*`, `fc`, `norm`, `lm_head`, `d2t` int64, `t2d` bool): the layout vLLM, SGLang and SpecForge
-           load.
+           (`midlayer.*`, `fc`, `norm`, `lm_head`; `d2t` int64 and `t2d` bool for a reduced draft vocabulary): the
+           layout vLLM, SGLang and SpecForge load. No `norm_output` (the engines' meaning is not specexp's).
+  every    config.json is checked against export/contract.py (what each key means to each engine) first.
   both     README.md (the model card: target, data, τ, the serving command) and export.json (the same, as data).
 Weights are written by the drafter's own `save_pretrained` (one saver), in the checkpoint's dtypes unless
 `export.dtype` casts them: an export of a bf16 checkpoint is bit-identical to it.
@@ -36,6 +37,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 from .. import log
 from ..config import Config, ExportConfig, checked
@@ -191,17 +193,19 @@ def plan(cfg, run_dir, typed: Config | None = None) -> Plan:
               f"{where} is a DSpark-format DFlash drafter (its own embedding and lm_head, shifted rows); export "
               f"writes the z-lab layout only (vLLM serves DSpark releases as method=dspark from their own files)")
         config = served(model.config.to_dict())
+        check_contract("dflash", config, model.config, where)
     else:
         model = eagle3.Eagle3DraftModel.from_pretrained(source, where)
         c = model.config
-        check(not c.fc_norm and c.norm_output,
-              f"{where}: fc_norm={c.fc_norm}, norm_output={c.norm_output}: vLLM's and SGLang's EAGLE-3 drafters have "
-              f"no fc_norm and always norm before the lm_head; only fc_norm=false, norm_output=true exports")
+        check(c.norm_output,
+              f"{where}: norm_output=false (the lm_head reads the un-normed state): vLLM's and SGLang's EAGLE-3 "
+              f"drafters always norm before the lm_head; only norm_output=true exports")
         taps = list(d.get("tap_layers") or c.tap_layers or [])
         check(len(taps) == 3, f"{where} names no tap layers (eagle_config.eagle_aux_hidden_state_layer_ids); set "
                               f"drafter.tap_layers=[LOW,MID,HIGH], the output-of-layer ids it was trained on")
         c.tap_layers = taps
         config = served(serving_config_eagle3(c))
+        check_contract("eagle3", config, c, where)
     p = Plan(d.name, ex.format, source, out, ex.overwrite, dtype, model, config, card, push=push,
              caveats=caveats)
     p.info = card_facts(typed.target, cfg.drafter, p)
@@ -252,6 +256,7 @@ def domino_plan(d, ex, source: Path, where: str, dtype, card: dict):
     config["dflash_config"] = {**config["dflash_config"], "projector_type": "domino", "emb_dim": c.emb_dim,
                                "gru_hidden_dim": c.gru_hidden, "pure_draft_prefix_len": 1,
                                "shift_label": c.alignment == "shifted"}
+    check_contract("domino_ft", config, SimpleNamespace(**vars(bc), shifted=c.alignment == "shifted"), where)
     state = {**backbone.state_dict(), **head.state_dict()}
     return state, config, (dtype or torch.bfloat16), caveats, card
 
@@ -267,13 +272,29 @@ def served(config: dict) -> dict:
     return {k: v for k, v in config.items() if k not in REMOTE_CODE}
 
 
+def check_contract(kind: str, config: dict, c, where: str) -> None:
+    """Refuse an export whose config.json an engine would read otherwise than specexp's drafter `c` computes
+    (export/contract.py): a key specexp writes, or one copied through from the source's config.json."""
+    from .contract import faults
+
+    bad = faults(kind, config, c)
+    check(not bad, f"{where}: the export would be served otherwise than specexp runs it: {bad[0] if bad else ''}"
+                   f"{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}")
+
+
 def serving_config_eagle3(c) -> dict:
     """The EAGLE-3 config.json with the fields the engines read beyond ours: the taps in vLLM's indexing at the
     top level (vLLM reads no `eagle_config` ids), `use_aux_hidden_state` (fc over the fused taps) and an untied
-    lm_head (SGLang ties lm_head to embed_tokens when tie_word_embeddings is true)."""
+    lm_head (SGLang ties lm_head to embed_tokens when tie_word_embeddings is true). Without `norm_output`: specexp
+    means "norm before the lm_head" by it (SpecForge's option), vLLM and SGLang "feed the normed state to the next
+    step" (export/contract.py); with it true specexp computes what both engines compute when it is absent. `fc_norm`
+    is written only when true (the engines' meaning is specexp's)."""
     from ..drafters.eagle3 import vllm_layer_ids
 
     config = c.to_dict()
+    config.pop("norm_output", None)
+    if not c.fc_norm:
+        config.pop("fc_norm", None)
     config["eagle_config"] = {**config.get("eagle_config", {}), "use_aux_hidden_state": True}
     config["eagle_aux_hidden_state_layer_ids"] = vllm_layer_ids(c.tap_layers)
     config["tie_word_embeddings"] = False
@@ -305,8 +326,9 @@ def tau_of(card: dict) -> dict | None:
 def serving_commands(kind: str, config: dict, target: str, where: str, num_drafts: int) -> dict[str, str]:
     """The engine commands that serve the exported drafter (`where`: its directory or hub id) beside `target`. SGLang
     picks its Domino path from the config (`projector_type`), with DFlash's flags."""
-    if kind == "domino_ft":
-        return {"sglang": serving_commands("dflash", config, target, where, num_drafts)["sglang"]}
+    if kind == "domino_ft":   # pool 0: the correction's argmax over the whole vocabulary, as specexp (default: 2,048)
+        return {"sglang": serving_commands("dflash", config, target, where, num_drafts)["sglang"]
+                + " --speculative-domino-candidate-pool-size 0"}
     if kind == "dflash":
         b = config["block_size"]
         spec = json.dumps({"method": "dflash", "model": where, "num_speculative_tokens": b - 1})
