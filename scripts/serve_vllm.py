@@ -20,6 +20,7 @@ SPEC.json (keys marked * are required):
     warmup            default true: one untimed generation of the first prompt (16 tokens) before the timed ones;
                       the first call of an engine pays one-off costs (about 20 s here) that would land on prompt 0
     logprobs          default null; N: each output token's N most likely tokens, [[id, logprob], ...], best first
+                      (vLLM adds the chosen token where it is not among them)
                       (where a speculative output leaves the plain one, the gap shows whether it was a near-tie)
     llm_kwargs        more keyword arguments for every vllm.LLM(...), e.g. {"max_num_seqs": 4}
 
@@ -167,12 +168,16 @@ def rss_mib() -> float | None:
         return None
 
 
+def by_rank(item) -> int:
+    return item[1].rank
+
+
 def run_one(spec: dict, run: dict) -> dict:
     eager = bool(run.get("enforce_eager", spec.get("enforce_eager", True)))
     dtype = run.get("dtype", spec.get("dtype", "bfloat16"))
     out = {"name": run["name"], "speculative_config": run.get("speculative_config"), "enforce_eager": eager,
-           "dtype": dtype, "startup_s": None, "warmup_s": None, "generate_s": None, "error": None, "log": [], "prompts": [],
-           "totals": None}
+           "dtype": dtype, "startup_s": None, "warmup_s": None, "generate_s": None, "error": None, "log": [],
+           "prompts": [], "totals": None}
     kwargs = dict(model=spec["model"], dtype=dtype, max_model_len=int(spec.get("max_model_len", 1024)),
                   enforce_eager=eager, speculative_config=run.get("speculative_config"), seed=0,
                   trust_remote_code=False, disable_log_stats=False)  # the counters need stat logging on
@@ -203,7 +208,7 @@ def run_one(spec: dict, run: dict) -> dict:
             wall = time.perf_counter() - t
             row = {"output_ids": list(result.token_ids), "finish_reason": result.finish_reason}
             if logprobs:
-                row["logprobs"] = [[[t, round(lp.logprob, 5)] for t, lp in sorted(d.items(), key=lambda x: x[1].rank)]
+                row["logprobs"] = [[[tok, round(lp.logprob, 5)] for tok, lp in sorted(d.items(), key=by_rank)]
                                    for d in result.logprobs]
             row.update(difference(counters(llm), before))
             row["wall_s"] = round(wall, 4)
@@ -221,7 +226,8 @@ def run_one(spec: dict, run: dict) -> dict:
         llm = None          # the last reference: the engine is freed by the collection below
         collect()
         out["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # the process's so far
-        out["rss_mib_after_free"] = rss_mib()
+        rss = rss_mib()
+        out["rss_mib_after_free"] = round(rss) if rss is not None else None
     return out
 
 
