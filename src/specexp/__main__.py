@@ -2,10 +2,11 @@
 
 Returns the metric a Hydra sweeper optimises (macro τ for task=eval).
 
-Every failure is one line on stderr: a user's mistake (`UserError`, a disk or permission fault) exits 2; anything
-else is an internal error, exit 1, with its full traceback in the run's `specexp.log`. In a multirun a failing job
-writes its line to its own `error.txt` and the sweep goes on; the sweep then ends with one line listing the failed
-jobs (`cli.FailedJobs`, a Hydra callback of conf/config.yaml).
+Every failure is one line on stderr: a user's mistake (`UserError`, a disk or permission fault) exits 2; a check
+task's finding (`CheckFailed`: task=serve_check) exits 3; anything else is an internal error, exit 1, with its full
+traceback in the run's `specexp.log`. In a multirun a failing job writes its line to its own `error.txt` and the
+sweep goes on; the sweep then ends with one line listing the failed jobs (`cli.FailedJobs`, a Hydra callback of
+conf/config.yaml).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from omegaconf import DictConfig
 from . import cli, log
 from .cli import fail, precheck
 from .config import hydra_choices
-from .errors import UserError
+from .errors import CheckFailed, UserError
 from .paths import CONF_DIR
 from .tasks import run_task, sweeper_metric
 
@@ -32,6 +33,8 @@ def error_line(e: Exception, log: Path) -> tuple[str, int]:
 
     if isinstance(e, UserError):
         return str(e), 2
+    if isinstance(e, CheckFailed):
+        return str(e), 3
     if isinstance(e, OSError) and environment_error_message(e) is not None:
         return environment_error_message(e), 2
     where = cli.log_traceback(e, log)

@@ -409,6 +409,24 @@ class PlanConfig(Settings):
     context: int = setting(256, *ints(16, MAX_TOKENS))
 
 
+SERVED = ("dflash", "eagle3")      # what task=serve_check runs in vLLM (vLLM has no Domino drafter; DeLS, DEdit none)
+
+
+@frozen
+class ServeConfig(Settings):
+    KEY = "serve_check"
+    python: str = setting(".venv-serve/bin/python", nonempty_str, "the Python of an environment with vLLM (bash "
+                                                                   "scripts/install.sh serve makes .venv-serve)")
+    drafters: list = setting(factory=lambda: list(SERVED), rule=lambda v: isinstance(v, list) and len(v) > 0 and all(
+        x in SERVED for x in v) and len(set(v)) == len(v), valid=f"a non-empty list of distinct drafters vLLM serves: "
+                                                                 f"{', '.join(SERVED)}")
+    num_drafts: int = setting(7, *ints(1, MAX_BLOCK))
+    enforce_eager: bool = True
+    max_model_len: int = setting(1024, *ints(64, MAX_TOKENS))
+    timeout_s: int = setting(3600, *ints(10, 7 * 24 * 3600))
+    strict: bool = True
+
+
 @frozen
 class DashboardConfig(Settings):
     KEY = "dashboard"
@@ -423,7 +441,7 @@ GROUPS = {"paths": PathsConfig, "task": TaskConfig, "target": TargetConfig, "fus
           "benchmark": BenchmarkConfig, "decoding": DecodingConfig, "eval": EvalConfig, "logger": LoggerConfig,
           "data": DataConfig, "train": TrainConfig}
 TASK_GROUPS = {"export": ExportConfig, "replay": ReplayConfig, "merge": MergeConfig, "report": ReportConfig,
-               "compare": CompareConfig, "dashboard": DashboardConfig, "plan": PlanConfig}
+               "compare": CompareConfig, "dashboard": DashboardConfig, "plan": PlanConfig, "serve_check": ServeConfig}
 TASK_READS = {"plan": ("replay",)}                # another task's group a task reads (plan: replay's batch and set)
 
 
@@ -454,6 +472,7 @@ class Config(Settings):
     compare: CompareConfig | None = None
     dashboard: DashboardConfig | None = None
     plan: PlanConfig | None = None
+    serve_check: ServeConfig | None = None
 
 
 # ------------------------------------------------------------------------------------------- the presets

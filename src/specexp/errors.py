@@ -5,6 +5,11 @@ class UserError(Exception):
     """A mistake in the user's input (config, checkpoint, data). Printed as one line by the CLI."""
 
 
+class CheckFailed(Exception):
+    """A check task ran and found a disagreement (e.g. task=serve_check: a serving engine decodes an export otherwise
+    than specexp). One line, exit 3: neither the user's mistake (2) nor an internal error (1)."""
+
+
 def clip(text, limit: int = 120) -> str:
     """`text` as an error line may quote it: at most `limit` characters, saying how long it was (a 3,000-item list
     override must not make a 17 KB line)."""

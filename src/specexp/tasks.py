@@ -26,6 +26,7 @@ def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
     from .eval.merge import run_merge
     from .eval.plan import run_plan
     from .eval.replay import grid_requested, run_replay
+    from .eval.serve_check import run_serve_check
     from .export.engines import run_export
     from .report.dashboard import run_dashboard
     from .report.page import run_report
@@ -51,6 +52,7 @@ def run_task(cfg: DictConfig, out_dir: str, job: dict | None = None):
     tasks["dashboard"] = run_dashboard           # the W&B workspace and reports as code (dashboard.json)
     tasks["export"] = run_export                 # a trained drafter for vLLM / SGLang (docs/export.md)
     tasks["plan"] = run_plan                     # the projected device time of a run, before anything is spent
+    tasks["serve_check"] = run_serve_check       # each export run by vLLM itself beside specexp (docs/export.md)
     one_of("task", typed.task.name, tasks)
     torch.manual_seed(typed.seed)
     if typed.cpu_threads is not None:

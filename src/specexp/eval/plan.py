@@ -330,7 +330,7 @@ def answer_tokens_of(value, names: list[str], max_new_tokens: int, references: s
     return {n: float(max_new_tokens) for n in names}, f"eval.max_new_tokens={max_new_tokens} (an upper bound)"
 
 
-def _drafter_group(name: str, cfg, random: bool = False):
+def drafter_group(name: str, cfg, random: bool = False):
     """The `drafter=<name>` group as the command line would compose it beside this config's target; `random`: with
     random weights of the group's default sizes (a step's cost depends on the sizes, not on the weights)."""
     from hydra import compose, initialize_config_dir
@@ -357,10 +357,10 @@ def build_for_cost(name: str, cfg, target):
     from .. import log, registry
 
     try:
-        return registry.build_drafter(_drafter_group(name, cfg), target)
+        return registry.build_drafter(drafter_group(name, cfg), target)
     except UserError as e:
         log.LOG.info(f"plan: {name} with random weights of its default sizes ({e})")
-        return registry.build_drafter(_drafter_group(name, cfg, random=True), target)
+        return registry.build_drafter(drafter_group(name, cfg, random=True), target)
 
 
 def run_plan(cfg, out_dir, typed=None) -> dict:

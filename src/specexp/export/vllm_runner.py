@@ -5,7 +5,9 @@ and specexp compares vLLM's outputs and acceptance with its own. It runs in the 
 `bash scripts/install.sh serve` makes (`.venv-serve`, vLLM's CPU build) and imports only vLLM and the standard
 library, so it never sees specexp's code or package versions:
 
-    .venv-serve/bin/python scripts/serve_vllm.py SPEC.json OUT.json
+    .venv-serve/bin/python src/specexp/export/vllm_runner.py SPEC.json OUT.json
+
+(task=serve_check runs it so, by file path: it is never imported as part of specexp.)
 
 SPEC.json (keys marked * are required):
     model*            the target's HF directory (never loaded with trust_remote_code)
@@ -16,6 +18,9 @@ SPEC.json (keys marked * are required):
     max_model_len     default 1024
     max_new_tokens    default 64
     ignore_eos        default false: a generation stops at the target's end-of-sequence token
+    stop_token_ids    default null; more token ids that end a generation (specexp's target.stop_token_ids)
+    batched           default false; true: every prompt in one generate call (vLLM batches them), without per-prompt
+                      speculative counters (fast greedy references); `wall_s` is then the batch's
     enforce_eager     default true (false: vLLM's torch.compile path; slow to start on a CPU)
     warmup            default true: one untimed generation of the first prompt (16 tokens) before the timed ones;
                       the first call of an engine pays one-off costs (about 20 s here) that would land on prompt 0
@@ -185,7 +190,8 @@ def run_one(spec: dict, run: dict) -> dict:
     kwargs.update(run.get("llm_kwargs") or {})
     logprobs = spec.get("logprobs")
     params = SamplingParams(temperature=0.0, max_tokens=int(spec.get("max_new_tokens", 64)),
-                            ignore_eos=bool(spec.get("ignore_eos", False)), logprobs=logprobs)
+                            ignore_eos=bool(spec.get("ignore_eos", False)), logprobs=logprobs,
+                            stop_token_ids=list(spec.get("stop_token_ids") or []) or None)
     log = LoadLog()
     vllm_logger = logging.getLogger("vllm")
     vllm_logger.addHandler(log)
@@ -201,7 +207,13 @@ def run_one(spec: dict, run: dict) -> dict:
                          SamplingParams(temperature=0.0, max_tokens=min(16, params.max_tokens)), use_tqdm=False)
             out["warmup_s"] = round(time.perf_counter() - t, 3)
         t_all = time.perf_counter()
-        for ids in spec["prompts"]:
+        if spec.get("batched"):
+            results = llm.generate([{"prompt_token_ids": list(ids)} for ids in spec["prompts"]], params,
+                                   use_tqdm=False)
+            wall = round(time.perf_counter() - t_all, 4)
+            out["prompts"] = [{"output_ids": list(r.outputs[0].token_ids),
+                               "finish_reason": r.outputs[0].finish_reason, "wall_s": wall} for r in results]
+        for ids in ([] if spec.get("batched") else spec["prompts"]):
             before = counters(llm)
             t = time.perf_counter()
             result = llm.generate([{"prompt_token_ids": list(ids)}], params, use_tqdm=False)[0].outputs[0]
@@ -214,7 +226,7 @@ def run_one(spec: dict, run: dict) -> dict:
             row["wall_s"] = round(wall, 4)
             out["prompts"].append(row)
         out["generate_s"] = round(time.perf_counter() - t_all, 3)
-        out["totals"] = totals(out["prompts"])
+        out["totals"] = None if spec.get("batched") else totals(out["prompts"])
     except Exception as e:  # noqa: BLE001 - a run that fails is reported, and the next run still tried
         lines = [line.strip() for line in str(e).splitlines() if line.strip()][:3]  # pydantic's cause is line 2
         out["error"] = f"{type(e).__name__}: {' | '.join(lines)}"[:500]
@@ -233,27 +245,27 @@ def run_one(spec: dict, run: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
-        print("usage: serve_vllm.py SPEC.json OUT.json (the SPEC format: this file's docstring)", file=sys.stderr)
+        print("usage: vllm_runner.py SPEC.json OUT.json (the SPEC format: this file's docstring)", file=sys.stderr)
         return 1
     with open(argv[1]) as f:
         spec = json.load(f)
     missing = [k for k in ("model", "prompts", "runs") if k not in spec]
     if missing:
-        print(f"serve_vllm.py: {argv[1]} lacks {', '.join(missing)}", file=sys.stderr)
+        print(f"vllm_runner.py: {argv[1]} lacks {', '.join(missing)}", file=sys.stderr)
         return 1
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("vllm").setLevel(logging.INFO)
     env = {k: v for k, v in os.environ.items() if k.startswith("VLLM_") or k == "LD_PRELOAD"}
     result = {"vllm_version": vllm.__version__, "env": env, "runs": []}
     for run in spec["runs"]:
-        print(f"serve_vllm.py: run {run['name']}", file=sys.stderr, flush=True)
+        print(f"vllm_runner.py: run {run['name']}", file=sys.stderr, flush=True)
         result["runs"].append(run_one(spec, run))
         with open(argv[2], "w") as f:       # rewritten after each run: a later crash keeps the earlier runs
             json.dump(result, f, indent=1)
     failed = [r["name"] for r in result["runs"] if r["error"]]
     for r in result["runs"]:
         t = r["totals"] or {}
-        print(f"serve_vllm.py: {r['name']}: startup {r['startup_s']} s, generate {r['generate_s']} s, "
+        print(f"vllm_runner.py: {r['name']}: startup {r['startup_s']} s, generate {r['generate_s']} s, "
               f"acceptance length {t.get('acceptance_length')}, per position {t.get('accepted_per_pos')}"
               + (f", FAILED {r['error']}" if r["error"] else ""), file=sys.stderr)
     return 2 if failed else 0

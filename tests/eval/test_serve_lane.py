@@ -1,0 +1,44 @@
+"""The serving lane: vLLM's CPU build (the side environment `bash scripts/install.sh serve` makes) loads and runs
+every export of the mini drafters vLLM serves, its output is its own greedy output, and its acceptance agrees with
+specexp's τ on the same prompts (task=serve_check, src/specexp/eval/serve_check.py). A key exported with another
+meaning than vLLM's (docs/export.md) turns this red. Skipped, with the reason, only where vLLM is not installed."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import specexp
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVE_PYTHON = ROOT / ".venv-serve" / "bin" / "python"
+
+
+def _vllm_missing() -> str | None:
+    if not SERVE_PYTHON.is_file():
+        return f"vLLM's CPU build is not installed ({SERVE_PYTHON} is missing; bash scripts/install.sh serve makes it)"
+    r = subprocess.run([str(SERVE_PYTHON), "-c", "import vllm"], capture_output=True, text=True, timeout=300)
+    last = (r.stderr.strip().splitlines() or [""])[-1]
+    return None if r.returncode == 0 else f"{SERVE_PYTHON} cannot import vllm: {last}"
+
+
+@pytest.mark.skipif(bool(os.environ.get("SPECEXP_NO_SERVE_LANE")), reason="SPECEXP_NO_SERVE_LANE is set")
+def test_vllm_serves_the_mini_exports_as_specexp_runs_them(tmp_path):
+    why = _vllm_missing()
+    if why is not None:
+        pytest.skip(why)
+    # fp32: in bf16 vLLM's verify and decode steps break exact ties of the top two logits differently
+    over = ["target=smollm2_135m", "target.dtype=float32", "target.prepack=false", "benchmark=gsm8k",
+            "eval.num_samples=6", "eval.max_new_tokens=48", "logger=none", f"serve_check.python={SERVE_PYTHON}",
+            "serve_check.strict=false"]
+    result = specexp.run("serve_check", over, tmp_path / "run")
+    md = (tmp_path / "run" / "serve_check.md").read_text()
+    assert json.loads((tmp_path / "run" / "serve_check.json").read_text()) == json.loads(json.dumps(result))
+    rows = {r["drafter"]: r for r in result["drafters"]}
+    assert set(rows) == {"dflash", "eagle3"}, md
+    for name, r in rows.items():
+        assert r["loaded"], (name, r.get("error"), md)
+        assert r["identical_to_vllm_ar"] == r["prompts"] == 6, md      # speculation is lossless in vLLM too
+        assert r["vllm_tau"] > 1.2, md                                  # drafts are accepted at all
+        assert r["agrees"], md                                          # Δτ's CI includes 0
