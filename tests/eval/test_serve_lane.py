@@ -23,6 +23,7 @@ def _vllm_missing() -> str | None:
     return None if r.returncode == 0 else f"{SERVE_PYTHON} cannot import vllm: {last}"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(os.environ.get("SPECEXP_NO_SERVE_LANE")), reason="SPECEXP_NO_SERVE_LANE is set")
 def test_vllm_serves_the_mini_exports_as_specexp_runs_them(tmp_path):
     why = _vllm_missing()
@@ -30,7 +31,7 @@ def test_vllm_serves_the_mini_exports_as_specexp_runs_them(tmp_path):
         pytest.skip(why)
     # fp32: in bf16 vLLM's verify and decode steps break exact ties of the top two logits differently
     over = ["target=smollm2_135m", "target.dtype=float32", "target.prepack=false", "benchmark=gsm8k",
-            "eval.num_samples=6", "eval.max_new_tokens=48", "logger=none", f"serve_check.python={SERVE_PYTHON}",
+            "eval.num_samples=4", "eval.max_new_tokens=32", "logger=none", f"serve_check.python={SERVE_PYTHON}",
             "serve_check.strict=false"]
     result = specexp.run("serve_check", over, tmp_path / "run")
     md = (tmp_path / "run" / "serve_check.md").read_text()
@@ -39,6 +40,6 @@ def test_vllm_serves_the_mini_exports_as_specexp_runs_them(tmp_path):
     assert set(rows) == {"dflash", "eagle3"}, md
     for name, r in rows.items():
         assert r["loaded"], (name, r.get("error"), md)
-        assert r["identical_to_vllm_ar"] == r["prompts"] == 6, md      # speculation is lossless in vLLM too
+        assert r["identical_to_vllm_ar"] == r["prompts"] == 4, md      # speculation is lossless in vLLM too
         assert r["vllm_tau"] > 1.2, md                                  # drafts are accepted at all
         assert r["agrees"], md                                          # Δτ's CI includes 0
