@@ -421,6 +421,9 @@ class ServeConfig(Settings):
         x in SERVED for x in v) and len(set(v)) == len(v), valid=f"a non-empty list of distinct drafters vLLM serves: "
                                                                  f"{', '.join(SERVED)}")
     num_drafts: int = setting(7, *ints(1, MAX_BLOCK))
+    exports: Any = setting(None, lambda v: v is None or (isinstance(v, dict) and all(
+        k in SERVED and isinstance(x, str) and Path(x).expanduser().is_dir() for k, x in v.items())),
+        f"null or a mapping {{drafter: an existing export directory}}, drafters among {', '.join(SERVED)}")
     enforce_eager: bool = True
     max_model_len: int = setting(1024, *ints(64, MAX_TOKENS))
     timeout_s: int = setting(3600, *ints(10, 7 * 24 * 3600))

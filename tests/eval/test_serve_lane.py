@@ -1,15 +1,18 @@
 """The serving lane: vLLM's CPU build (the side environment `bash scripts/install.sh serve` makes) loads and runs
 every export of the mini drafters vLLM serves, its output is its own greedy output, and its acceptance agrees with
 specexp's τ on the same prompts (task=serve_check, src/specexp/eval/serve_check.py). A key exported with another
-meaning than vLLM's (docs/export.md) turns this red. Skipped, with the reason, only where vLLM is not installed."""
+meaning than vLLM's (docs/export.md) turns this red, as the drifted export below shows. Skipped, with the reason, only
+where vLLM is not installed."""
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 import specexp
+from specexp.errors import CheckFailed
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVE_PYTHON = ROOT / ".venv-serve" / "bin" / "python"
@@ -43,3 +46,14 @@ def test_vllm_serves_the_mini_exports_as_specexp_runs_them(tmp_path):
         assert r["identical_to_vllm_ar"] == r["prompts"] == 4, md      # speculation is lossless in vLLM too
         assert r["vllm_tau"] > 1.2, md                                  # drafts are accepted at all
         assert r["agrees"], md                                          # Δτ's CI includes 0
+    # The lane can fail: the same EAGLE-3 export with the key specexp once wrote (norm_output: true, which vLLM reads
+    # as "feed the normed state to the next draft step") loads, decodes the target's text, and disagrees in τ.
+    drifted = tmp_path / "drifted"
+    shutil.copytree(tmp_path / "run" / "exports" / "eagle3", drifted)
+    config = json.loads((drifted / "config.json").read_text())
+    (drifted / "config.json").write_text(json.dumps({**config, "norm_output": True}))
+    with pytest.raises(CheckFailed, match="vLLM serves eagle3 otherwise than specexp runs it"):
+        specexp.run("serve_check", [*over[:-1], "serve_check.drafters=[eagle3]",
+                                    f"serve_check.exports={{eagle3: {drifted}}}"], tmp_path / "drift")
+    row = json.loads((tmp_path / "drift" / "serve_check.json").read_text())["drafters"][0]
+    assert row["identical_to_vllm_ar"] == 4 and row["delta_ci95"][1] < 0, row

@@ -5,7 +5,8 @@ measured: a key read with another meaning loads silently and only lowers accepta
 
   1. specexp: the target, the prompts as token ids (the first turn of each selected sample, specexp's chat
      template), greedy AR and each drafter at `serve_check.num_drafts` drafts a round over the whole vocabulary;
-  2. each drafter exported for vLLM (export/engines.py, `export.format=vllm`) into `<run dir>/exports/<drafter>`;
+  2. each drafter exported for vLLM (export/engines.py, `export.format=vllm`) into `<run dir>/exports/<drafter>`, or
+     an export made before (`serve_check.exports: {drafter: DIR}`), which specexp then reads as its checkpoint too;
   3. vLLM (`serve_check.python`, the side environment `bash scripts/install.sh serve` makes) runs AR and every
      export on the same ids, greedy, in the target's dtype: export/vllm_runner.py, a separate process that imports
      only vLLM;
@@ -251,12 +252,20 @@ def run_serve_check(cfg, out_dir, typed: Config | None = None) -> dict:
         dc = DecodeConfig("greedy", 0.0, t.eval.max_new_tokens, tuple(target.stop_token_ids), sc.num_drafts)
         for s, ids in prompts:
             check_fits(target, f"sample {s.id}", len(ids), dc, sc.num_drafts)
+            need = len(ids) + dc.max_new_tokens + sc.num_drafts + 1
+            check(need <= sc.max_model_len, f"sample {s.id}: its prompt ({len(ids)} tokens) + eval.max_new_tokens="
+                                            f"{dc.max_new_tokens} + {sc.num_drafts} drafts needs {need} positions; "
+                                            f"serve_check.max_model_len={sc.max_model_len}: raise it")
         ours_ar, our_ar_ids = decode_ours(target, None, prompts, dc, "AR")
         ours, runs = {}, [{"name": "ar", "speculative_config": None}]
+        given = dict(sc.exports or {})
         for name in sc.drafters:
-            drafter = registry.build_drafter(drafter_group(name, cfg), target)
+            group = drafter_group(name, cfg)
+            if name in given:                     # an export made before: specexp reads the same directory
+                group.checkpoint = str(given[name])
+            drafter = registry.build_drafter(group, target)
             ours[name], _ = decode_ours(target, drafter, prompts, dc, name)
-            export = export_for_vllm(cfg, t, name, d / "exports" / name)
+            export = str(given[name]) if name in given else export_for_vllm(cfg, t, name, d / "exports" / name)
             runs.append({"name": name, "speculative_config": {"method": METHOD[name], "model": export,
                                                               "num_speculative_tokens": sc.num_drafts}})
         dtype = str(target.dtype).removeprefix("torch.")
