@@ -117,6 +117,9 @@ HUB = [*TRAIN, "data.source=hub", "data.hub.id=TMP/hub.jsonl", "data.hub.format=
 EXPORT = ["task=export", "target=tiny_qwen3", "drafter=dflash", "drafter.checkpoint=BAD/dflash_good", "logger=none",
           "device=cpu"]
 CORES = os.cpu_count() or 1
+VOCAB = [*SMALL, "drafter=dflash", "eval.draft_vocab=100"]
+REGEN_MANIFEST = json.dumps({"format": "specexp-regen/1", "provenance": {"target": {"name": "tiny_qwen3"}},
+                             "rows": [["r0", 2, 2, True]]})
 GOOD_REC = {"id": "q1", "benchmark": "gsm8k", "turn": 0, "accept_lengths": [1, 2], "text_sha256": "x"}
 MSG = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}
 
@@ -552,6 +555,29 @@ CASES = [
          lambda tmp, bad, mp: (__import__("shutil").copytree(bad / "dflash_good", tmp / "ckpt"),
                                (tmp / "ckpt" / "card.json").write_text('{"target": "qwen3_8b"}'))),
 
+    # ---- eval.draft_vocab=N (issue #59 row 1): the regeneration set is read before any work
+    case("draft_vocab_dir_missing", [*VOCAB, "eval.draft_vocab_from=TMP/no_such_set"],
+         "eval.draft_vocab_from='TMP/no_such_set' does not exist; name a regeneration set directory (data/regen/"),
+    case("draft_vocab_dir_empty", [*VOCAB, "eval.draft_vocab_from=TMP/regen"],
+         "eval.draft_vocab_from='TMP/regen' holds no manifest.json: not a regeneration set (expected manifest.json "
+         "and tokens.npy", file_at("regen", None)),
+    case("draft_vocab_is_a_file", [*VOCAB, "eval.draft_vocab_from=TMP/a_file"],
+         "eval.draft_vocab_from='TMP/a_file' is a file; expected a regeneration set directory",
+         file_at("a_file", "")),
+    case("draft_vocab_manifest_empty", [*VOCAB, "eval.draft_vocab_from=TMP/regen"],
+         "eval.draft_vocab_from='TMP/regen': manifest.json is not valid JSON (Expecting value, line 1; the file is "
+         "empty)", file_at("regen/manifest.json", "")),
+    case("draft_vocab_tokens_empty", [*VOCAB, "eval.draft_vocab_from=TMP/regen"],
+         "eval.draft_vocab_from='TMP/regen': tokens.npy is empty",
+         lambda tmp, bad, mp: (file_at("regen/manifest.json", REGEN_MANIFEST)(tmp, bad, mp),
+                               (tmp / "regen" / "tokens.npy").write_bytes(b""))),
+    case("draft_vocab_dotdot", [*VOCAB, "eval.draft_vocab_from=../no_such_set_59"],
+         "eval.draft_vocab_from='../no_such_set_59' does not exist (neither "),
+    case("draft_vocab_of_another_target", [*VOCAB, "eval.draft_vocab_from=data/regen/smollm2_135m-greedy256"],
+         "eval.draft_vocab_from='data/regen/smollm2_135m-greedy256' holds smollm2_135m's answers, not tiny_qwen3's"),
+    case("draft_vocab_not_dflash", [*VOCAB, "drafter=eagle3", "eval.draft_vocab_from=TMP/regen"],
+         "eval.draft_vocab=100: only drafter=dflash drafts from a restricted vocabulary (this is eagle3)"),
+
     # ---- security
     case("experimental_rerun", ["--experimental-rerun", "TMP/config.pickle", *TINY],
          "--experimental-rerun is refused: it unpickles FILE (a crafted file runs code)"),
@@ -668,6 +694,24 @@ def test_replay_export_overwrites_when_asked_and_leaves_no_temp(tmp_path, monkey
                             "replay.references_only=true"], tmp_path / "run", monkeypatch, capsys)
     assert code == 0, err[-3000:]
     assert out_file.read_bytes()[:2] == b"\x1f\x8b" and not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_numbered_draft_vocabulary_runs_with_dflash(tmp_path, monkeypatch, capsys):
+    """`eval.draft_vocab=N` with drafter=dflash (the default drafter) runs and records N and its set (issue #59 row 1:
+    it was refused as 'this is None' for every N, the drafter's name unseen where the eval group was rechecked)."""
+    import numpy as np
+
+    regen = tmp_path / "regen"
+    regen.mkdir()
+    (regen / "manifest.json").write_text(REGEN_MANIFEST.replace('"r0", 2, 2', '"r0", 2, 6'))
+    np.save(regen / "tokens.npy", np.asarray([1, 2, 10, 11, 12, 10, 11, 10], dtype=np.int32))
+    args = [*[a for a in SMALL if not a.startswith("drafter.")], "drafter.init=random", "eval.draft_vocab=3",
+            f"eval.draft_vocab_from={regen}"]
+    code, _, err = run_cli(args, tmp_path / "run", monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["settings"]["drafter"]["name"] == "dflash"
+    assert (run["settings"]["eval"]["draft_vocab"], run["settings"]["eval"]["draft_vocab_from"]) == (3, str(regen))
 
 
 def test_corpus_dir_is_a_plain_key_read_by_training(tmp_path, monkeypatch, capsys):

@@ -217,13 +217,19 @@ class EvalConfig(Settings):
     @classmethod
     def check_values(cls, mine: dict, whole: dict) -> None:
         n, name = mine.get("draft_vocab"), (whole.get("drafter") or {}).get("name")
-        if n is not None and n != "auto":
+        # the drafter is another group's: checked where the whole config is at hand (validate), not when the group
+        # is checked alone (`whole` = {}: resolve_auto's `replaced`, `from_cfg`)
+        if whole and n is not None and n != "auto":
             if name != "dflash":
                 raise UserError(f"eval.draft_vocab={n}: only drafter=dflash drafts from a restricted vocabulary "
                                 f"(this is {name}); use eval.draft_vocab=null or auto")
             if not isinstance(mine.get("draft_vocab_from"), str):
                 raise UserError(f"eval.draft_vocab={n} needs eval.draft_vocab_from=DIR, a regeneration set of the "
                                 "target's own answers (data/regen/)")
+            # the set's reader lives with the code that drafts from it
+            from .drafters.dflash import regen_manifest
+
+            regen_manifest(mine["draft_vocab_from"], (whole.get("target") or {}).get("name"))
 
 
 @frozen
