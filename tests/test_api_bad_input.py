@@ -73,6 +73,22 @@ def test_a_bad_load_argument_is_one_line(kw, fragment, tmp_path, monkeypatch):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("decoding", ["B", "block"])
+def test_a_tree_pipeline_refuses_a_protocol_that_cannot_verify_trees(tree_pipe, decoding):
+    """Issue #59 row 3: `generate(decoding="B")` on a tree drafter was a raw ValueError from the engine."""
+    with pytest.raises(specexp.UserError) as e:
+        tree_pipe.generate("hi", decoding=decoding)
+    assert str(e.value).startswith(f"decoding={decoding!r} cannot verify draft trees") and "\n" not in str(e.value)
+    assert tree_pipe.generate("hi", decoding="A", seed=0)[0].token_ids          # the pipeline still generates
+
+
+@pytest.fixture(scope="module")
+def tree_pipe():
+    GlobalHydra.instance().clear()
+    yield specexp.load(drafter="dflash", overrides=[*SMALL, "drafter.mode=tree"])
+    GlobalHydra.instance().clear()
+
+
 def test_a_string_is_one_override_and_none_is_none():
     from specexp.api import _overrides
 

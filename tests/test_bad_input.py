@@ -263,6 +263,11 @@ CASES = [
     case("batch_size_0", [*SMALL, "eval.batch_size=0"], "eval.batch_size=0 is not valid; expected an int >= 1"),
     case("tree_at_batch", [*SMALL, "drafter=eagle3", "drafter.mode=tree", "eval.batch_size=4"],
          "eval.batch_size=4 with drafter.mode=tree (eagle3): draft trees run at batch 1 only"),
+    case("tree_under_protocol_b", [*SMALL, "drafter=eagle3", "drafter.mode=tree", "decoding=sample_b"],
+         "decoding.protocol='B' cannot verify draft trees (p/q acceptance of siblings drawn from one distribution is "
+         "not lossless); use greedy or A (decoding=greedy or decoding=sample_a), or a chain drafter"),
+    case("tree_under_block", [*SMALL, "drafter=dflash", "drafter.mode=tree", "decoding=sample_block"],
+         "decoding.protocol='block' cannot verify draft trees"),
     case("warmup_neg", [*SMALL, "eval.warmup=-3"], "eval.warmup=-3 is not valid; expected an int >= 0"),
     case("shuffle_seed_abc", [*SMALL, "eval.shuffle_seed=abc"],
          "eval.shuffle_seed='abc' is not valid; expected an int"),

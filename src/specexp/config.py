@@ -176,6 +176,12 @@ class DecodingConfig(Settings):
             raise UserError(f"decoding.protocol={protocol} with decoding.temperature={temp}: greedy needs T=0 and "
                             f"protocols A/B/block need T>0 (use decoding=greedy, decoding=sample_a, decoding=sample_b "
                             f"or decoding=sample_block)")
+        drafter = whole.get("drafter")
+        if isinstance(drafter, dict) and drafter.get("mode") == "tree":
+            # the protocols a tree's walk verifies live with it
+            from .decoding.tree import check_protocol
+
+            check_protocol(protocol)
 
 
 def _by_batch(v) -> bool:
