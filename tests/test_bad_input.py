@@ -118,6 +118,11 @@ EXPORT = ["task=export", "target=tiny_qwen3", "drafter=dflash", "drafter.checkpo
           "device=cpu"]
 CORES = os.cpu_count() or 1
 VOCAB = [*SMALL, "drafter=dflash", "eval.draft_vocab=100"]
+PLAN = ["task=plan", "target=tiny_qwen3", "plan.drafters=[none,dflash]", "benchmark=gsm8k", "logger=none", "device=cpu"]
+PLAN_CAL = json.dumps({"version": 1, "prefill_ms_per_token": 0.01, "teacher_forced_ms_per_token": 0.02,
+                       "ar_step_ms": {"1": 10.0}, "verify_ms": {"2": 10.0},
+                       "drafters": {"dflash": {"max_drafts": 7, "taps": [1], "propose_ms": 2.0,
+                                               "replay_anchor_ms": 0.1}}})
 REGEN_MANIFEST = json.dumps({"format": "specexp-regen/1", "provenance": {"target": {"name": "tiny_qwen3"}},
                              "rows": [["r0", 2, 2, True]]})
 GOOD_REC = {"id": "q1", "benchmark": "gsm8k", "turn": 0, "accept_lengths": [1, 2], "text_sha256": "x"}
@@ -582,6 +587,16 @@ CASES = [
          "eval.draft_vocab_from='data/regen/smollm2_135m-greedy256' holds smollm2_135m's answers, not tiny_qwen3's"),
     case("draft_vocab_not_dflash", [*VOCAB, "drafter=eagle3", "eval.draft_vocab_from=TMP/regen"],
          "eval.draft_vocab=100: only drafter=dflash drafts from a restricted vocabulary (this is eagle3)"),
+
+    # ---- task=plan's calibration file (issue #59 rows 4-6): read with the config, before any work
+    case("plan_calibration_missing", [*PLAN, "plan.calibration=TMP/no_cal.json"],
+         "plan.calibration='TMP/no_cal.json': no such file"),
+    case("plan_calibration_nan", [*PLAN, "plan.calibration=TMP/cal.json"],
+         "plan.calibration='TMP/cal.json' is not a calibration file: ar_step_ms['1'] is nan; expected ms, a finite "
+         "number > 0", file_at("cal.json", PLAN_CAL.replace('"1": 10.0', '"1": NaN'))),
+    case("plan_calibration_drafter_empty", [*PLAN, "plan.calibration=TMP/cal.json"],
+         "plan.calibration='TMP/cal.json' is not a calibration file: drafters.dflash.max_drafts is null; expected an "
+         "int >= 1", file_at("cal.json", PLAN_CAL.replace('"max_drafts": 7, ', ''))),
 
     # ---- security
     case("experimental_rerun", ["--experimental-rerun", "TMP/config.pickle", *TINY],

@@ -409,16 +409,26 @@ class PlanConfig(Settings):
     drafters: list | None = setting(None, lambda v: v is None or (isinstance(v, list) and len(v) > 0 and all(
         isinstance(x, str) for x in v)), "null (the composed drafter) or a non-empty list of drafter names, "
                                          "e.g. plan.drafters='[none,dflash,dels_rnn]'")
-    answer_tokens: Any = setting(None, lambda v: _plan_map(v, is_num(1)),
-                                 "null, a number >= 1 or a mapping {benchmark: number >= 1}")
-    tau: Any = setting(None, lambda v: _plan_map(v, is_num(1)), "null, a number >= 1 (tokens per verification, "
-                                                                   "the bonus included) or a mapping {drafter: number}")
+    answer_tokens: Any = setting(None, lambda v: _plan_map(v, is_num(1, MAX_TOKENS)),
+                                 f"null, a number >= 1 or a mapping {{benchmark: number >= 1}}; {upto(MAX_TOKENS)}")
+    tau: Any = setting(None, lambda v: _plan_map(v, is_num(1, MAX_BLOCK + 1)),
+                       "null, a number >= 1 (tokens per verification, the bonus included) or a mapping {drafter: "
+                       f"number}}; {upto(MAX_BLOCK + 1)}")
     batch_size: Any = setting("auto", lambda v: v == "auto" or is_int(1, MAX_BATCH)(v),
                               f"an int >= 1 or auto (replay.batch_size's rule); {upto(MAX_BATCH)}")
     batches: list = setting(factory=lambda: [1, 4, 8, 16, 32], rule=lambda v: isinstance(v, list) and len(v) > 0
                             and all(is_int(1, MAX_BATCH)(x) for x in v),
                             valid=f"a non-empty list of ints >= 1; {upto(MAX_BATCH)}")
     context: int = setting(256, *ints(16, MAX_TOKENS))
+
+    @classmethod
+    def check_values(cls, mine: dict, whole: dict) -> None:
+        # config.validate (`whole` given): the calibration file is read and checked now, a missing or damaged one
+        # refused before the benchmarks are read or a target is built
+        if whole and mine.get("calibration") is not None:
+            from .eval.plan import read_calibration
+
+            read_calibration(mine["calibration"])
 
 
 @frozen
