@@ -265,6 +265,11 @@ CASES = [
     case("max_drafts_table_0", [*SMALL, "eval.max_drafts={0: 3}"],
          "eval.max_drafts={0: 3} is not valid; expected an int >= 1, null (the drafter's own number of drafts), auto, "
          "or a mapping {batch size: int >= 1 or null}"),
+    case("max_drafts_table_key_twice", [*SMALL, "eval.max_drafts={1: 3, 1: 4}"],
+         "eval.max_drafts={1: 3, 1: 4}: the key 1 is written twice (Hydra would keep the last one silently); write "
+         "each key once"),
+    case("nested_key_twice", [*SMALL, "eval.num_samples={gsm8k: 1, gsm8k: 2}"],
+         "eval.num_samples={gsm8k: 1, gsm8k: 2}: the key gsm8k is written twice"),
     case("batch_size_0", [*SMALL, "eval.batch_size=0"], "eval.batch_size=0 is not valid; expected an int >= 1"),
     case("tree_at_batch", [*SMALL, "drafter=eagle3", "drafter.mode=tree", "eval.batch_size=4"],
          "eval.batch_size=4 with drafter.mode=tree (eagle3): draft trees run at batch 1 only"),
