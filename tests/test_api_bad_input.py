@@ -63,6 +63,9 @@ def test_a_bad_generate_keyword_is_one_line(pipe, kw, fragment):
     ({"overrides": ["eval.max_new_tokens=4", ("a", "b")]}, "overrides are 'key=value' strings; got tuple"),
     ({"overrides": [3]}, "overrides are 'key=value' strings; got int '3'"),
     ({"target": 5}, "target=5 is not valid; expected a config name (str) or None"),
+    ({"overrides": [*SMALL, "eval.batch_size=2"]},              # issue #59 row 12: it ran at batch 1, silently
+     "eval.batch_size=2: a Pipeline's generate decodes its prompts one at a time (batch 1), so the setting would "
+     "be ignored"),
 ], ids=lambda x: str(x)[:30])
 def test_a_bad_load_argument_is_one_line(kw, fragment, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
