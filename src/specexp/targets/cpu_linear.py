@@ -17,7 +17,8 @@ rows runs at the smallest bucket >= m, padded with zero rows; more rows, e.g. a 
 plain, the oneDNN-packed and the MKL-packed product (one pack per bucket: MKL's packed format is made for one
 row count) are timed on weights streamed from memory as a forward reads them, and a packed kind is kept only where
 it is at least `GAIN` faster. The plan is measured once per CPU, thread count, torch build and shape, and cached
-(`plan_file`: `<cache>/cpu_linear/*.json`, with its timings; a few seconds the first time). Each bucket's product is
+(`plan_file`: `<cache>/cpu_linear/*.json`, with its timings; a few seconds the first time; checked on every read,
+and measured again, saying so, when damaged or foreign). Each bucket's product is
 one kernel at one row count, so row r of a block gives the same numbers whatever the block's real length (the
 zero rows do not reach it). These products are **not** the plain one bit for bit: fp32 sums in another order
 differ in the last bits (about 1e-7 relative), as they do between two CPUs' sgemm kernels or between `F.linear` at
@@ -196,20 +197,26 @@ def measure(weights: list, kinds=KINDS, passes: int = 5) -> dict:
 def fp32_plan(weights: list, cache_dir=None) -> dict:
     """`{rows: kind}` for a model whose linear layers hold `weights`: read from this machine's plan file, where
     the same list of weight shapes was measured before, else measured (`measure`) and added to it (written whole to
-    a temporary file, then renamed: a concurrent run reads the old plans or the new ones, never half of them)."""
+    a temporary file, then renamed: a concurrent run reads the old plans or the new ones, never half of them). A
+    damaged or foreign file or entry (`_plan_fault`: not JSON, another schema, other shapes, a kind this torch cannot
+    run) is set aside with one warning line and measured again: the file is a cache, never trusted as it is."""
     from ..log import get as get_logger
 
     path = plan_file(cache_dir)
     shapes = [tuple(w.shape) for w in weights]
     key = hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:16]
-    try:
-        stored = json.loads(path.read_text())
-    except (OSError, ValueError):
-        stored = {"machine": _machine_key(), "models": {}}
+    kinds = tuple(k for k in KINDS if k == "plain" or (k == "onednn" and available(torch.float32)
+                                                       and hasattr(_mkldnn(), "_linear_pointwise"))
+                  or (k == "mkl" and _has_mkl()))
+    stored, fault = _read_plans(path)
+    if fault is None and key in stored["models"]:
+        fault = _plan_fault(stored["models"][key], weights, kinds)
+        if fault is not None:
+            del stored["models"][key]
+    if fault is not None:
+        get_logger(__name__).warning("target.prepack: the packing plan %s is damaged or foreign (%s); measuring it "
+                                     "again", path, fault)
     if key not in stored["models"]:
-        kinds = tuple(k for k in KINDS if k == "plain" or (k == "onednn" and available(torch.float32)
-                                                           and hasattr(_mkldnn(), "_linear_pointwise"))
-                      or (k == "mkl" and _has_mkl()))
         t0 = time.perf_counter()
         stored["models"][key] = {"layers": len(shapes), "bytes": sum(w.numel() * 4 for w in weights),
                                  **measure(weights, kinds)}
@@ -224,6 +231,36 @@ def fp32_plan(weights: list, cache_dir=None) -> dict:
         except OSError:                               # a read-only cache: measured again next time
             pass
     return {int(b): k for b, k in stored["models"][key]["plan"].items()}
+
+
+def _read_plans(path: Path) -> tuple[dict, str | None]:
+    """The plan file's content, or a fresh one and why the file was set aside (None: absent, nothing to say)."""
+    fresh = {"machine": _machine_key(), "models": {}}
+    try:
+        stored = json.loads(path.read_text())
+    except FileNotFoundError:
+        return fresh, None
+    except (OSError, ValueError) as e:                 # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return fresh, f"unreadable: {type(e).__name__}"
+    if not (isinstance(stored, dict) and isinstance(stored.get("models"), dict)):
+        return fresh, f"a JSON {type(stored).__name__} without a 'models' mapping"
+    return stored, None
+
+
+def _plan_fault(entry, weights: list, kinds: tuple) -> str | None:
+    """Why a stored plan cannot serve the model of `weights` on this torch (the products it names must be ones this
+    build runs, one per row bucket), or None."""
+    if not isinstance(entry, dict):
+        return f"its entry is a {type(entry).__name__}"
+    if entry.get("layers") != len(weights) or entry.get("bytes") != sum(w.numel() * 4 for w in weights):
+        return f"its entry is for {entry.get('layers')!r} layers of {entry.get('bytes')!r} bytes, not {len(weights)}"
+    plan = entry.get("plan")
+    if not isinstance(plan, dict) or sorted(plan) != sorted(str(b) for b in ROWS):
+        return f"its plan is not one product per row bucket {', '.join(map(str, ROWS))}"
+    bad = sorted({str(k) for k in plan.values() if k not in kinds})
+    if bad:
+        return f"product {bad[0]!r} is not one this torch runs ({', '.join(kinds)})"
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ packing
