@@ -689,6 +689,23 @@ def test_compare_reads_a_torn_last_line_and_a_packed_run(tmp_path, monkeypatch, 
     assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["turns_compared"] == 2
 
 
+def test_compare_says_which_files_it_read(tmp_path, monkeypatch, capsys):
+    """Issue #59 row 13: a run whose summary.json was deleted compares (its records hold every number), and the
+    footer says what was read instead of 'as in its summary.json'."""
+    timed = [_rec(i, tpot=0.01, ar_tpot=0.02, timed=True) for i in (1, 2, 3)]
+    a, b = _run_dir(tmp_path / "a", timed), _run_dir(tmp_path / "b", timed)
+    (a / "summary.json").unlink()
+    code, _, err = run_cli(["task=compare", f"compare.a={a}", f"compare.b={b}", "logger=none"], tmp_path / "cmp",
+                           monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    md = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| speedup A |" in md and "as in its summary.json" not in md
+    assert "from its per-turn records (the formula of summary.json" in md
+    assert "Read: A samples.jsonl (no run.json nor summary.json); B samples.jsonl, summary.json (no run.json)." in md
+    assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["read"]["a"] == \
+        "samples.jsonl (no run.json nor summary.json)"
+
+
 def test_compare_pairs_unlike_runs_only_when_asked_and_says_what_differs(tmp_path, monkeypatch, capsys):
     """compare.allow_mismatch=true pairs the runs the table refuses, and says above the table (console, compare.md,
     compare.json) what besides the drafter differs; runs that differ only in the drafter pair without a word."""
