@@ -313,6 +313,19 @@ def test_a_damaged_or_foreign_plan_is_measured_again_saying_so(tmp_path, monkeyp
     assert cpu_linear.fp32_plan(weights, tmp_path) == PLANS["mixed"] and len(measured) == 2     # mended on disk
 
 
+def test_measuring_the_plan_stops_repeating_on_a_busy_machine(monkeypatch):
+    """Issue #59 row 9: measuring took 536 s on a busy 2-core machine. A clock on which every product takes a second
+    (a machine far busier than any): each bucket stops after its first timed round once its share of the budget is
+    spent; idle (a real clock, tiny weights), every bucket runs its five rounds."""
+    weights = [torch.randn(8, 4), torch.randn(4, 8)]
+    ticks = iter(range(10 ** 6))
+    monkeypatch.setattr(cpu_linear.time, "perf_counter", lambda: float(next(ticks)))
+    busy = cpu_linear.measure(weights, ("plain",))
+    assert busy["passes"] == dict.fromkeys(cpu_linear.ROWS, 1) and set(busy["plan"].values()) == {"plain"}
+    monkeypatch.undo()
+    assert cpu_linear.measure(weights, ("plain",))["passes"] == dict.fromkeys(cpu_linear.ROWS, 5)
+
+
 @needs_fp32
 def test_a_model_over_the_size_floor_is_packed_by_its_measured_plan(tmp_path, monkeypatch):
     model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 64))

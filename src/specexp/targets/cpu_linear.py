@@ -55,6 +55,9 @@ KINDS = ("plain", "onednn", "mkl")
 GAIN = 0.9                       # a packed kind is chosen where it takes at most this share of the plain time
 MIN_FP32_BYTES = 64 << 20        # fp32 models with fewer bytes of linear weights stay plain (module docstring)
 STREAM_BYTES = 64 << 20          # weights a timing reads per pass, in copies of the shape (past the CPU's caches)
+# The measuring's wall-time budget (`measure`), shared by the row buckets: idle, the mini target's five rounds a
+# bucket fit in it; busy, each bucket stops after its first timed round, so the cost stays about two rounds a bucket.
+MEASURE_S = 10.0
 _BUCKET = [next(b for b in ROWS if b >= m) for m in range(ROWS[-1] + 1)]      # rows -> their bucket
 
 
@@ -159,16 +162,20 @@ def plan_file(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 @torch.inference_mode()
-def measure(weights: list, kinds=KINDS, passes: int = 5) -> dict:
+def measure(weights: list, kinds=KINDS, passes: int = 5, budget_s: float | None = None) -> dict:
     """The fp32 plan of a model whose linear layers hold `weights` (in the order a forward reads them):
-    `{"plan": {rows: kind}, "ms": {rows: {kind: ms}}}`. For each bucket of `ROWS`, one pass runs every layer's
-    product at that many rows, as a forward does (the weights streamed from memory, one after the other); the kinds
-    are timed in turn within each of `passes` rounds (after one untimed round), so a change of load falls on all.
-    Timed on the whole model rather than shape by shape: in isolation the small products of 2-8 rows timed alike
-    with and without packing, in a forward the packed ones were 20 % faster (mini target, Xeon)."""
+    `{"plan": {rows: kind}, "ms": {rows: {kind: ms}}, "passes": {rows: timed rounds}}`. For each bucket of `ROWS`,
+    one pass runs every layer's product at that many rows, as a forward does (the weights streamed from memory, one
+    after the other); the kinds are timed in turn within each of up to `passes` rounds (after one untimed round), so
+    a change of load falls on all. Each bucket stops repeating once it has spent its share of `budget_s` (default
+    `MEASURE_S`) and timed one round: on a busy machine the measurement costs its minimum, two rounds per bucket,
+    instead of growing with the load (a 536 s measurement on a busy 2-core machine: issue #59). Timed on the whole
+    model rather than shape by shape: in isolation the small products of 2-8 rows timed alike with and without
+    packing, in a forward the packed ones were 20 % faster (mini target, Xeon)."""
+    share = (MEASURE_S if budget_s is None else budget_s) / len(ROWS)
     g = torch.Generator().manual_seed(0)
     dnn = [_pack_one("onednn", w) for w in weights] if "onednn" in kinds else None
-    plan, ms = {}, {}
+    plan, ms, done = {}, {}, {}
     for b in ROWS:
         xs = {k: torch.randn(1, b, k, generator=g) for k in {w.shape[1] for w in weights}}
         calls = {"plain": [(lambda x=xs[w.shape[1]], w=w: F.linear(x, w)) for w in weights]}
@@ -180,6 +187,7 @@ def measure(weights: list, kinds=KINDS, passes: int = 5) -> dict:
             calls["mkl"] = [(lambda x=xs[w.shape[1]][0], p=_pack_one("mkl", w, b), w=w:
                              torch.ops.mkl._mkl_linear(x, p, w, None, b)) for w in weights]
         times = {k: [] for k in calls}
+        start = time.perf_counter()
         for i in range(passes + 1):
             for k, fns in calls.items():
                 t0 = time.perf_counter()
@@ -187,11 +195,14 @@ def measure(weights: list, kinds=KINDS, passes: int = 5) -> dict:
                     f()
                 if i:
                     times[k].append(time.perf_counter() - t0)
+            if i and time.perf_counter() - start > share:
+                break
         del calls
-        ms[b] = {k: round(1e3 * sorted(t)[passes // 2], 3) for k, t in times.items()}
+        done[b] = len(times["plain"])
+        ms[b] = {k: round(1e3 * sorted(t)[len(t) // 2], 3) for k, t in times.items()}
         best = min(ms[b], key=ms[b].get)
         plan[b] = best if ms[b][best] <= GAIN * ms[b]["plain"] else "plain"
-    return {"plan": plan, "ms": ms}
+    return {"plan": plan, "ms": ms, "passes": done}
 
 
 def fp32_plan(weights: list, cache_dir=None) -> dict:
