@@ -167,13 +167,13 @@ class Pipeline:
                                          and max_new_tokens >= 1),
               f"max_new_tokens={max_new_tokens!r} is not valid; expected an int >= 1 or None (eval.max_new_tokens)")
         protocol = decoding or self.cfg.decoding.protocol
-        if getattr(self.drafter, "proposes_trees", False):
-            from .decoding.tree import check_protocol
-
-            check_protocol(protocol, "decoding" if decoding else "decoding.protocol")
         temp = temperature if temperature is not None else (0.0 if protocol == "greedy" else
                                                             self.cfg.decoding.temperature or 1.0)
         dec = self.settings.decoding.replaced(protocol=protocol, temperature=temp)
+        if getattr(self.drafter, "proposes_trees", False):            # a valid protocol, but not one for trees
+            from .decoding.tree import check_protocol
+
+            check_protocol(protocol, "decoding" if decoding else "decoding.protocol")
         ev = self.settings.eval
         ev = ev.replaced(max_new_tokens=max_new_tokens) if max_new_tokens is not None else ev
         dc = decode_config(dec, ev, self.target)
