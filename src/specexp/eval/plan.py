@@ -171,7 +171,7 @@ def _by_size(cal: dict, key: str, what: str, points: int | None = None) -> str |
     if not isinstance(table, dict) or not table:
         return f"{key} is {_clip(table)}; expected a non-empty mapping {{{what}: ms}}"
     for k, v in table.items():
-        if not (isinstance(k, str) and k.isdigit() and _count(int(k)) and str(int(k)) == k):
+        if not (isinstance(k, str) and k.isascii() and k.isdigit() and _count(int(k)) and str(int(k)) == k):
             return f"{key} has the key {k!r}; expected {what}s, ints >= 1 (at most {MAX_TOKENS:,})"
         if not _ms(v):
             return f"{key}[{k!r}] is {_clip(v)}; expected ms, a finite number > 0 and at most {MAX_STEP_MS:g}"
