@@ -63,6 +63,9 @@ def test_a_bad_generate_keyword_is_one_line(pipe, kw, fragment):
     ({"overrides": ["eval.max_new_tokens=4", ("a", "b")]}, "overrides are 'key=value' strings; got tuple"),
     ({"overrides": [3]}, "overrides are 'key=value' strings; got int '3'"),
     ({"target": 5}, "target=5 is not valid; expected a config name (str) or None"),
+    ({"overrides": [*SMALL, "eval.batch_size=2"]},              # issue #59 row 12: it ran at batch 1, silently
+     "eval.batch_size=2: a Pipeline's generate decodes its prompts one at a time (batch 1), so the setting would "
+     "be ignored"),
 ], ids=lambda x: str(x)[:30])
 def test_a_bad_load_argument_is_one_line(kw, fragment, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -71,6 +74,22 @@ def test_a_bad_load_argument_is_one_line(kw, fragment, tmp_path, monkeypatch):
         specexp.load(**kw)
     assert str(e.value).startswith(fragment) and "\n" not in str(e.value)
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("decoding", ["B", "block"])
+def test_a_tree_pipeline_refuses_a_protocol_that_cannot_verify_trees(tree_pipe, decoding):
+    """Issue #59 row 3: `generate(decoding="B")` on a tree drafter was a raw ValueError from the engine."""
+    with pytest.raises(specexp.UserError) as e:
+        tree_pipe.generate("hi", decoding=decoding)
+    assert str(e.value).startswith(f"decoding={decoding!r} cannot verify draft trees") and "\n" not in str(e.value)
+    assert tree_pipe.generate("hi", decoding="A", seed=0)[0].token_ids          # the pipeline still generates
+
+
+@pytest.fixture(scope="module")
+def tree_pipe():
+    GlobalHydra.instance().clear()
+    yield specexp.load(drafter="dflash", overrides=[*SMALL, "drafter.mode=tree"])
+    GlobalHydra.instance().clear()
 
 
 def test_a_string_is_one_override_and_none_is_none():

@@ -117,6 +117,14 @@ HUB = [*TRAIN, "data.source=hub", "data.hub.id=TMP/hub.jsonl", "data.hub.format=
 EXPORT = ["task=export", "target=tiny_qwen3", "drafter=dflash", "drafter.checkpoint=BAD/dflash_good", "logger=none",
           "device=cpu"]
 CORES = os.cpu_count() or 1
+VOCAB = [*SMALL, "drafter=dflash", "eval.draft_vocab=100"]
+PLAN = ["task=plan", "target=tiny_qwen3", "plan.drafters=[none,dflash]", "benchmark=gsm8k", "logger=none", "device=cpu"]
+PLAN_CAL = json.dumps({"version": 1, "prefill_ms_per_token": 0.01, "teacher_forced_ms_per_token": 0.02,
+                       "ar_step_ms": {"1": 10.0}, "verify_ms": {"2": 10.0},
+                       "drafters": {"dflash": {"max_drafts": 7, "taps": [1], "propose_ms": 2.0,
+                                               "replay_anchor_ms": 0.1}}})
+REGEN_MANIFEST = json.dumps({"format": "specexp-regen/1", "provenance": {"target": {"name": "tiny_qwen3"}},
+                             "rows": [["r0", 2, 2, True]]})
 GOOD_REC = {"id": "q1", "benchmark": "gsm8k", "turn": 0, "accept_lengths": [1, 2], "text_sha256": "x"}
 MSG = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}
 
@@ -257,9 +265,19 @@ CASES = [
     case("max_drafts_table_0", [*SMALL, "eval.max_drafts={0: 3}"],
          "eval.max_drafts={0: 3} is not valid; expected an int >= 1, null (the drafter's own number of drafts), auto, "
          "or a mapping {batch size: int >= 1 or null}"),
+    case("max_drafts_table_key_twice", [*SMALL, "eval.max_drafts={1: 3, 1: 4}"],
+         "eval.max_drafts={1: 3, 1: 4}: the key 1 is written twice (Hydra would keep the last one silently); write "
+         "each key once"),
+    case("nested_key_twice", [*SMALL, "eval.num_samples={gsm8k: 1, gsm8k: 2}"],
+         "eval.num_samples={gsm8k: 1, gsm8k: 2}: the key gsm8k is written twice"),
     case("batch_size_0", [*SMALL, "eval.batch_size=0"], "eval.batch_size=0 is not valid; expected an int >= 1"),
     case("tree_at_batch", [*SMALL, "drafter=eagle3", "drafter.mode=tree", "eval.batch_size=4"],
          "eval.batch_size=4 with drafter.mode=tree (eagle3): draft trees run at batch 1 only"),
+    case("tree_under_protocol_b", [*SMALL, "drafter=eagle3", "drafter.mode=tree", "decoding=sample_b"],
+         "decoding.protocol='B' cannot verify draft trees (p/q acceptance of siblings drawn from one distribution is "
+         "not lossless); use greedy or A (decoding=greedy or decoding=sample_a), or a chain drafter"),
+    case("tree_under_block", [*SMALL, "drafter=dflash", "drafter.mode=tree", "decoding=sample_block"],
+         "decoding.protocol='block' cannot verify draft trees"),
     case("warmup_neg", [*SMALL, "eval.warmup=-3"], "eval.warmup=-3 is not valid; expected an int >= 0"),
     case("shuffle_seed_abc", [*SMALL, "eval.shuffle_seed=abc"],
          "eval.shuffle_seed='abc' is not valid; expected an int"),
@@ -552,6 +570,39 @@ CASES = [
          lambda tmp, bad, mp: (__import__("shutil").copytree(bad / "dflash_good", tmp / "ckpt"),
                                (tmp / "ckpt" / "card.json").write_text('{"target": "qwen3_8b"}'))),
 
+    # ---- eval.draft_vocab=N (issue #59 row 1): the regeneration set is read before any work
+    case("draft_vocab_dir_missing", [*VOCAB, "eval.draft_vocab_from=TMP/no_such_set"],
+         "eval.draft_vocab_from='TMP/no_such_set' does not exist; name a regeneration set directory (data/regen/"),
+    case("draft_vocab_dir_empty", [*VOCAB, "eval.draft_vocab_from=TMP/regen"],
+         "eval.draft_vocab_from='TMP/regen' holds no manifest.json: not a regeneration set (expected manifest.json "
+         "and tokens.npy", file_at("regen", None)),
+    case("draft_vocab_is_a_file", [*VOCAB, "eval.draft_vocab_from=TMP/a_file"],
+         "eval.draft_vocab_from='TMP/a_file' is a file; expected a regeneration set directory",
+         file_at("a_file", "")),
+    case("draft_vocab_manifest_empty", [*VOCAB, "eval.draft_vocab_from=TMP/regen"],
+         "eval.draft_vocab_from='TMP/regen': manifest.json is not valid JSON (Expecting value, line 1; the file is "
+         "empty)", file_at("regen/manifest.json", "")),
+    case("draft_vocab_tokens_empty", [*VOCAB, "eval.draft_vocab_from=TMP/regen"],
+         "eval.draft_vocab_from='TMP/regen': tokens.npy is empty",
+         lambda tmp, bad, mp: (file_at("regen/manifest.json", REGEN_MANIFEST)(tmp, bad, mp),
+                               (tmp / "regen" / "tokens.npy").write_bytes(b""))),
+    case("draft_vocab_dotdot", [*VOCAB, "eval.draft_vocab_from=../no_such_set_59"],
+         "eval.draft_vocab_from='../no_such_set_59' does not exist (neither "),
+    case("draft_vocab_of_another_target", [*VOCAB, "eval.draft_vocab_from=data/regen/smollm2_135m-greedy256"],
+         "eval.draft_vocab_from='data/regen/smollm2_135m-greedy256' holds smollm2_135m's answers, not tiny_qwen3's"),
+    case("draft_vocab_not_dflash", [*VOCAB, "drafter=eagle3", "eval.draft_vocab_from=TMP/regen"],
+         "eval.draft_vocab=100: only drafter=dflash drafts from a restricted vocabulary (this is eagle3)"),
+
+    # ---- task=plan's calibration file (issue #59 rows 4-6): read with the config, before any work
+    case("plan_calibration_missing", [*PLAN, "plan.calibration=TMP/no_cal.json"],
+         "plan.calibration='TMP/no_cal.json': no such file"),
+    case("plan_calibration_nan", [*PLAN, "plan.calibration=TMP/cal.json"],
+         "plan.calibration='TMP/cal.json' is not a calibration file: ar_step_ms['1'] is nan; expected ms, a finite "
+         "number > 0", file_at("cal.json", PLAN_CAL.replace('"1": 10.0', '"1": NaN'))),
+    case("plan_calibration_drafter_empty", [*PLAN, "plan.calibration=TMP/cal.json"],
+         "plan.calibration='TMP/cal.json' is not a calibration file: drafters.dflash.max_drafts is null; expected an "
+         "int >= 1", file_at("cal.json", PLAN_CAL.replace('"max_drafts": 7, ', ''))),
+
     # ---- security
     case("experimental_rerun", ["--experimental-rerun", "TMP/config.pickle", *TINY],
          "--experimental-rerun is refused: it unpickles FILE (a crafted file runs code)"),
@@ -638,6 +689,23 @@ def test_compare_reads_a_torn_last_line_and_a_packed_run(tmp_path, monkeypatch, 
     assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["turns_compared"] == 2
 
 
+def test_compare_says_which_files_it_read(tmp_path, monkeypatch, capsys):
+    """Issue #59 row 13: a run whose summary.json was deleted compares (its records hold every number), and the
+    footer says what was read instead of 'as in its summary.json'."""
+    timed = [_rec(i, tpot=0.01, ar_tpot=0.02, timed=True) for i in (1, 2, 3)]
+    a, b = _run_dir(tmp_path / "a", timed), _run_dir(tmp_path / "b", timed)
+    (a / "summary.json").unlink()
+    code, _, err = run_cli(["task=compare", f"compare.a={a}", f"compare.b={b}", "logger=none"], tmp_path / "cmp",
+                           monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    md = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| speedup A |" in md and "as in its summary.json" not in md
+    assert "from its per-turn records (the formula of summary.json" in md
+    assert "Read: A samples.jsonl (no run.json nor summary.json); B samples.jsonl, summary.json (no run.json)." in md
+    assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["read"]["a"] == \
+        "samples.jsonl (no run.json nor summary.json)"
+
+
 def test_compare_pairs_unlike_runs_only_when_asked_and_says_what_differs(tmp_path, monkeypatch, capsys):
     """compare.allow_mismatch=true pairs the runs the table refuses, and says above the table (console, compare.md,
     compare.json) what besides the drafter differs; runs that differ only in the drafter pair without a word."""
@@ -668,6 +736,24 @@ def test_replay_export_overwrites_when_asked_and_leaves_no_temp(tmp_path, monkey
                             "replay.references_only=true"], tmp_path / "run", monkeypatch, capsys)
     assert code == 0, err[-3000:]
     assert out_file.read_bytes()[:2] == b"\x1f\x8b" and not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_numbered_draft_vocabulary_runs_with_dflash(tmp_path, monkeypatch, capsys):
+    """`eval.draft_vocab=N` with drafter=dflash (the default drafter) runs and records N and its set (issue #59 row 1:
+    it was refused as 'this is None' for every N, the drafter's name unseen where the eval group was rechecked)."""
+    import numpy as np
+
+    regen = tmp_path / "regen"
+    regen.mkdir()
+    (regen / "manifest.json").write_text(REGEN_MANIFEST.replace('"r0", 2, 2', '"r0", 2, 6'))
+    np.save(regen / "tokens.npy", np.asarray([1, 2, 10, 11, 12, 10, 11, 10], dtype=np.int32))
+    args = [*[a for a in SMALL if not a.startswith("drafter.")], "drafter.init=random", "eval.draft_vocab=3",
+            f"eval.draft_vocab_from={regen}"]
+    code, _, err = run_cli(args, tmp_path / "run", monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["settings"]["drafter"]["name"] == "dflash"
+    assert (run["settings"]["eval"]["draft_vocab"], run["settings"]["eval"]["draft_vocab_from"]) == (3, str(regen))
 
 
 def test_corpus_dir_is_a_plain_key_read_by_training(tmp_path, monkeypatch, capsys):

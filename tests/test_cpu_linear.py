@@ -266,6 +266,68 @@ def test_the_fp32_plan_is_measured_once_per_machine_and_cached(tmp_path, monkeyp
     assert cpu_linear.plan_file(tmp_path) != here
 
 
+def _with_kinds(kind):
+    def change(stored):
+        for entry in stored["models"].values():
+            entry["plan"] = dict.fromkeys(entry["plan"], kind)
+        return stored
+    return change
+
+
+@needs_fp32
+@pytest.mark.parametrize("damage, why", [
+    (lambda stored: [], "a JSON list without a 'models' mapping"),
+    (lambda stored: "{not json", "unreadable: JSONDecodeError"),
+    (_with_kinds("bogus"), "product 'bogus' is not one this torch runs"),
+    (lambda stored: {**stored, "models": dict.fromkeys(stored["models"], {"layers": 2, "plan": {"1": "mkl"}})},
+     "for 2 layers of None bytes"),
+    (lambda stored: {**stored, "models": {k: {**e, "layers": 5} for k, e in stored["models"].items()}},
+     "for 5 layers"),
+    (lambda stored: {**stored, "models": {k: {**e, "plan": {"1": "mkl"}} for k, e in stored["models"].items()}},
+     "its plan is not one product per row bucket 1, 2, 4, 8, 16"),
+], ids=["list", "not_json", "bogus_kind", "no_bytes", "other_layers", "one_bucket"])
+def test_a_damaged_or_foreign_plan_is_measured_again_saying_so(tmp_path, monkeypatch, capsys, damage, why):
+    """Issue #59 row 8: a plan file replaced by [] was a raw TypeError at load, its kinds replaced by 'bogus' a raw
+    KeyError in the first forward; now the file is checked on read (schema, shapes, kinds), and a damaged one is
+    measured again with one warning line, then packed and run as a fresh plan would be."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 64))
+    monkeypatch.setattr(cpu_linear, "MIN_FP32_BYTES", 0)
+    measured = []
+    monkeypatch.setattr(cpu_linear, "measure", lambda weights, kinds: measured.append(1) or {
+        "plan": PLANS["mixed"], "ms": {}})
+    weights = [m.weight.detach() for m in model]
+    assert cpu_linear.fp32_plan(weights, tmp_path) == PLANS["mixed"] and len(measured) == 1
+    path = cpu_linear.plan_file(tmp_path)
+    bad = damage(json.loads(path.read_text()))
+    path.write_text(bad if isinstance(bad, str) else json.dumps(bad))
+    capsys.readouterr()
+    assert cpu_linear.pack(model, cache_dir=tmp_path) == 2 and len(measured) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and err[0].startswith(f"specexp: warning: target.prepack: the packing plan {path} is "
+                                               "damaged or foreign (") and why in err[0], err
+    assert err[0].endswith("); measuring it again")
+    with torch.inference_mode():
+        for rows in (1, 3, 8):
+            x = torch.randn(rows, 64)
+            assert torch.allclose(model(x), torch.nn.functional.linear(
+                torch.nn.functional.linear(x, model[0].weight, model[0].bias), model[1].weight, model[1].bias),
+                atol=1e-5)
+    assert cpu_linear.fp32_plan(weights, tmp_path) == PLANS["mixed"] and len(measured) == 2     # mended on disk
+
+
+def test_measuring_the_plan_stops_repeating_on_a_busy_machine(monkeypatch):
+    """Issue #59 row 9: measuring took 536 s on a busy 2-core machine. A clock on which every product takes a second
+    (a machine far busier than any): each bucket stops after its first timed round once its share of the budget is
+    spent; idle (a real clock, tiny weights), every bucket runs its five rounds."""
+    weights = [torch.randn(8, 4), torch.randn(4, 8)]
+    ticks = iter(range(10 ** 6))
+    monkeypatch.setattr(cpu_linear.time, "perf_counter", lambda: float(next(ticks)))
+    busy = cpu_linear.measure(weights, ("plain",))
+    assert busy["passes"] == dict.fromkeys(cpu_linear.ROWS, 1) and set(busy["plan"].values()) == {"plain"}
+    monkeypatch.undo()
+    assert cpu_linear.measure(weights, ("plain",))["passes"] == dict.fromkeys(cpu_linear.ROWS, 5)
+
+
 @needs_fp32
 def test_a_model_over_the_size_floor_is_packed_by_its_measured_plan(tmp_path, monkeypatch):
     model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 64))

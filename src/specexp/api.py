@@ -116,6 +116,10 @@ class Pipeline:
 
         self.device = resolve_device(cfg.device)
         self.settings = resolve_auto(validate(cfg, job), self.device)     # the typed config every call reads
+        batch = self.settings.eval.batch_size
+        check(batch == 1, f"eval.batch_size={batch}: a Pipeline's generate decodes its prompts one at a time (batch "
+                          f"1), so the setting would be ignored; drop it, or decode side by side with "
+                          f"specexp.evaluate([..., 'eval.batch_size={batch}'], out_dir=DIR)")
         self.cfg = cfg
         cfg.drafter = registry.fill_default_checkpoints(cfg.drafter, cfg.target.name)
         if self.settings.cpu_threads is not None:
@@ -143,7 +147,8 @@ class Pipeline:
     def generate(self, prompts: Prompt | Sequence[Prompt], max_new_tokens: int | None = None,
                  decoding: str | None = None, temperature: float | None = None, seed: int | None = None
                  ) -> list[Output]:
-        """Generate for each prompt (one prompt alone is also accepted) with the drafter, batch size 1.
+        """Generate for each prompt (one prompt alone is also accepted) with the drafter, batch size 1 (`load`
+        refuses eval.batch_size > 1).
         `decoding`: greedy | A | B | block (default: the config's `decoding.protocol`); `temperature` for A, B, block;
         `max_new_tokens`: default `eval.max_new_tokens`; `seed`: default the config's (sampling only)."""
         with self._lock:        # one engine, one drafter state: calls from several threads take turns
@@ -165,6 +170,10 @@ class Pipeline:
         temp = temperature if temperature is not None else (0.0 if protocol == "greedy" else
                                                             self.cfg.decoding.temperature or 1.0)
         dec = self.settings.decoding.replaced(protocol=protocol, temperature=temp)
+        if getattr(self.drafter, "proposes_trees", False):            # a valid protocol, but not one for trees
+            from .decoding.tree import check_protocol
+
+            check_protocol(protocol, "decoding" if decoding else "decoding.protocol")
         ev = self.settings.eval
         ev = ev.replaced(max_new_tokens=max_new_tokens) if max_new_tokens is not None else ev
         dc = decode_config(dec, ev, self.target)

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from . import log
 from .config import unknown_key_message
 from .errors import UserError, clip
-from .overrides import PLAIN_VALUE, hydra_quote
+from .overrides import PLAIN_VALUE, duplicate_key, hydra_quote
 from .paths import CONF_DIR
 
 # Hydra flags that take a value as the next argument (--info takes one only when it names what to show).
@@ -359,6 +359,10 @@ def precheck(argv: list[str], keys: bool = True) -> None:
         key = o.key_or_group
         if key.startswith("hydra") or o.package is not None:
             continue
+        text = (o.input_line or "").split("=", 1)[-1]
+        if (twice := duplicate_key(text)) is not None:
+            raise UserError(f"{key}={clip(text)}: the key {twice} is written twice (Hydra would keep the last one "
+                            f"silently); write each key once")
         if o.is_delete():             # every task reads its whole config (config.py): a missing key is a crash later
             raise UserError(
                 f"~{key}: the {key} group cannot be removed; choose one of its options instead: "

@@ -176,6 +176,12 @@ class DecodingConfig(Settings):
             raise UserError(f"decoding.protocol={protocol} with decoding.temperature={temp}: greedy needs T=0 and "
                             f"protocols A/B/block need T>0 (use decoding=greedy, decoding=sample_a, decoding=sample_b "
                             f"or decoding=sample_block)")
+        drafter = whole.get("drafter")
+        if isinstance(drafter, dict) and drafter.get("mode") == "tree":
+            # the protocols a tree's walk verifies live with it
+            from .decoding.tree import check_protocol
+
+            check_protocol(protocol)
 
 
 def _by_batch(v) -> bool:
@@ -217,13 +223,19 @@ class EvalConfig(Settings):
     @classmethod
     def check_values(cls, mine: dict, whole: dict) -> None:
         n, name = mine.get("draft_vocab"), (whole.get("drafter") or {}).get("name")
-        if n is not None and n != "auto":
+        # the drafter is another group's: checked where the whole config is at hand (validate), not when the group
+        # is checked alone (`whole` = {}: resolve_auto's `replaced`, `from_cfg`)
+        if whole and n is not None and n != "auto":
             if name != "dflash":
                 raise UserError(f"eval.draft_vocab={n}: only drafter=dflash drafts from a restricted vocabulary "
                                 f"(this is {name}); use eval.draft_vocab=null or auto")
             if not isinstance(mine.get("draft_vocab_from"), str):
                 raise UserError(f"eval.draft_vocab={n} needs eval.draft_vocab_from=DIR, a regeneration set of the "
                                 "target's own answers (data/regen/)")
+            # the set's reader lives with the code that drafts from it
+            from .drafters.dflash import regen_manifest
+
+            regen_manifest(mine["draft_vocab_from"], (whole.get("target") or {}).get("name"))
 
 
 @frozen
@@ -397,16 +409,26 @@ class PlanConfig(Settings):
     drafters: list | None = setting(None, lambda v: v is None or (isinstance(v, list) and len(v) > 0 and all(
         isinstance(x, str) for x in v)), "null (the composed drafter) or a non-empty list of drafter names, "
                                          "e.g. plan.drafters='[none,dflash,dels_rnn]'")
-    answer_tokens: Any = setting(None, lambda v: _plan_map(v, is_num(1)),
-                                 "null, a number >= 1 or a mapping {benchmark: number >= 1}")
-    tau: Any = setting(None, lambda v: _plan_map(v, is_num(1)), "null, a number >= 1 (tokens per verification, "
-                                                                   "the bonus included) or a mapping {drafter: number}")
+    answer_tokens: Any = setting(None, lambda v: _plan_map(v, is_num(1, MAX_TOKENS)),
+                                 f"null, a number >= 1 or a mapping {{benchmark: number >= 1}}; {upto(MAX_TOKENS)}")
+    tau: Any = setting(None, lambda v: _plan_map(v, is_num(1, MAX_BLOCK + 1)),
+                       "null, a number >= 1 (tokens per verification, the bonus included) or a mapping {drafter: "
+                       f"number}}; {upto(MAX_BLOCK + 1)}")
     batch_size: Any = setting("auto", lambda v: v == "auto" or is_int(1, MAX_BATCH)(v),
                               f"an int >= 1 or auto (replay.batch_size's rule); {upto(MAX_BATCH)}")
     batches: list = setting(factory=lambda: [1, 4, 8, 16, 32], rule=lambda v: isinstance(v, list) and len(v) > 0
                             and all(is_int(1, MAX_BATCH)(x) for x in v),
                             valid=f"a non-empty list of ints >= 1; {upto(MAX_BATCH)}")
     context: int = setting(256, *ints(16, MAX_TOKENS))
+
+    @classmethod
+    def check_values(cls, mine: dict, whole: dict) -> None:
+        # config.validate (`whole` given): the calibration file is read and checked now, a missing or damaged one
+        # refused before the benchmarks are read or a target is built
+        if whole and mine.get("calibration") is not None:
+            from .eval.plan import read_calibration
+
+            read_calibration(mine["calibration"])
 
 
 SERVED = ("dflash", "eagle3")      # what task=serve_check runs in vLLM (vLLM has no Domino drafter; DeLS, DEdit none)

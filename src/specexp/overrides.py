@@ -18,3 +18,37 @@ def hydra_quote(value: str) -> str:
         return value
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
+
+
+def duplicate_key(value: str) -> str | None:
+    """The first key written twice within one `{...}` of an override's value text (Hydra's parser builds a dict and
+    keeps the last silently: `eval.max_drafts={1: 3, 1: 4}` would run with 4), else None. Keys are compared as
+    written; quoted text and the values after a key's colon (`cuda:0`) are skipped."""
+    levels: list[list] = []             # per open bracket: [keys seen, or None for a list; in a value?]
+    token, quote, escaped = "", None, False
+    for c in value:
+        if quote:
+            token += c
+            quote = None if c == quote and not escaped else quote
+            escaped = c == "\\" and not escaped
+            continue
+        if c in "'\"":
+            quote, token = c, token + c
+        elif c in "{[":
+            levels.append([set() if c == "{" else None, False])
+            token = ""
+        elif c in "}]" or c == ",":
+            if c != "," and levels:
+                levels.pop()
+            elif levels:
+                levels[-1][1] = False
+            token = ""
+        elif c == ":" and levels and levels[-1][0] is not None and not levels[-1][1]:
+            key = token.strip()
+            if key in levels[-1][0]:
+                return key
+            levels[-1][0].add(key)
+            levels[-1][1], token = True, ""
+        else:
+            token += c
+    return None

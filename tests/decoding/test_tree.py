@@ -10,6 +10,7 @@ from specexp.decoding import engine as E
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.decoding.tree import TreeVerdict, layout, verify_tree
 from specexp.drafters.base import Proposal
+from specexp.errors import UserError
 
 PROMPTS = ["What is 2+3?", "Write a haiku about rivers."]
 SHAPES = ("chain", "star", "binary", "random")
@@ -192,7 +193,7 @@ def test_committed_taps_and_compacted_cache_equal_a_full_recompute(tiny_target):
 def test_trees_under_protocol_b_are_refused_before_any_work(tiny_target):
     t = tiny_target
     drafter = TreeOracle(None, 0, "star", nodes=3, depth=1, vocab=t.vocab_size, truth=False)
-    with pytest.raises(ValueError, match="decoding.protocol='B' cannot verify draft trees"):
+    with pytest.raises(UserError, match="decoding.protocol='B' cannot verify draft trees"):
         generate(t, drafter, [1, 2, 3], DecodeConfig(protocol="B", temperature=1.0, max_new_tokens=4),
                  torch.Generator().manual_seed(0))
 

@@ -41,6 +41,28 @@ def test_batched_eval_records_equal_batch_1(cfg_factory, batch_1, tmp_path):
     assert "3 sequences decoded side by side" in (tmp_path / "summary.md").read_text()
 
 
+def test_a_batch_never_allocates_more_rows_than_live_turns(cfg_factory, batch_1, tmp_path, monkeypatch):
+    """Issue #59 row 10: eval.batch_size=4096 on a few samples allocated 4,096 cache rows and drafter forks (the
+    warmup's too) and ran for minutes; now a batch holds at most as many rows as it has jobs, and the records are
+    the same."""
+    from specexp.targets.static import StaticTarget
+
+    real, sizes = StaticTarget.new_rows_cache, []
+
+    def spy(self, rows, capacity):
+        sizes.append(rows)
+        assert rows <= 6, f"{rows} rows allocated for 6 samples"
+        return real(self, rows, capacity)
+
+    monkeypatch.setattr(StaticTarget, "new_rows_cache", spy)
+    summary = evaluator.run_eval(cfg_factory(*RUN, "eval.batch_size=4096", "eval.warmup=1"), tmp_path)
+    assert sizes and max(sizes) == 6 and summary["batch_size"] == 4096
+    one, got = _records(batch_1), _records(tmp_path)
+    assert got.keys() == one.keys()
+    for key, r in got.items():
+        assert (r["text_sha256"], r["accept_lengths"]) == (one[key]["text_sha256"], one[key]["accept_lengths"]), key
+
+
 def test_batched_eval_resumes_between_groups(cfg_factory, batch_1, tmp_path, monkeypatch):
     cfg = cfg_factory(*RUN, "eval.batch_size=2")
     real, calls = evaluator.run_batch, []

@@ -97,6 +97,92 @@ def test_a_file_that_is_not_a_calibration_is_refused(tmp_path):
         plan.read_calibration(bad)
 
 
+def _damaged(change):
+    """CAL (with two contexts and two measured lengths, as `calibrate` writes it) with `change(cal)` applied."""
+    cal = json.loads(json.dumps({**CAL, "context": 100, "context_long": 200, "prefill_ms": {"100": 1.0, "200": 3.0},
+                                 "ar_step_ms_long": {"1": 14.0, "8": 20.0, "32": 30.0}}))
+    change(cal)
+    return cal
+
+
+def _set(path, value):
+    def change(cal):
+        *parents, last = path.split(".")
+        node = cal
+        for p in parents:
+            node = node[p]
+        node[last] = value
+    return change
+
+
+# issue #59 rows 4 and 5: each was an internal error or a printed plan of nan (or negative) hours
+DAMAGED = [
+    ("string_cost", _set("ar_step_ms.1", "10"), "ar_step_ms['1'] is \"10\"; expected ms, a finite number > 0"),
+    ("string_per_token", _set("prefill_ms_per_token", "0.01"), "prefill_ms_per_token is \"0.01\"; expected ms"),
+    ("empty_steps", _set("ar_step_ms", {}), "ar_step_ms is {}; expected a non-empty mapping {batch size: ms}"),
+    ("list_steps", _set("ar_step_ms", [1, 2]), "ar_step_ms is [1, 2]; expected a non-empty mapping"),
+    ("drafter_empty", _set("drafters.dflash", {}), "drafters.dflash.max_drafts is null; expected an int >= 1"),
+    ("same_contexts", _set("context_long", 100), "context_long=100 is not longer than context=100"),
+    ("one_prefill_length", _set("prefill_ms", {"100": 1.0}), "prefill_ms has 1 length(s); expected 2"),
+    ("key_abc", _set("ar_step_ms.abc", 3.0), "ar_step_ms has the key 'abc'; expected batch sizes, ints >= 1"),
+    ("max_drafts_str", _set("drafters.dflash.max_drafts", "many"), "drafters.dflash.max_drafts is \"many\""),
+    ("verify_0", _set("verify_ms", {"0": 1}), "verify_ms has the key '0'; expected verified row counts"),
+    ("nan_step", _set("ar_step_ms.8", float("nan")), "ar_step_ms['8'] is nan; expected ms, a finite number > 0"),
+    ("negative_step", _set("ar_step_ms.32", -200.0), "ar_step_ms['32'] is -200.0; expected ms"),
+    ("huge_step", _set("verify_ms.16", 1e308), "verify_ms['16'] is 1e+308; expected ms, a finite number > 0 and at "
+                                               "most 3.6e+06"),
+    ("max_drafts_0", _set("drafters.dflash.max_drafts", 0), "drafters.dflash.max_drafts is 0; expected an int >= 1"),
+    ("batch_0", _set("ar_step_ms.0", 5.0), "ar_step_ms has the key '0'; expected batch sizes, ints >= 1"),
+    ("negative_propose", _set("drafters.dflash.propose_ms", -1), "drafters.dflash.propose_ms is -1; expected ms"),
+    ("machine_str", _set("machine", "cpu"), "machine is \"cpu\"; expected a mapping"),
+    ("not_an_object", lambda cal: cal.clear() or cal.update(version=1), "no ar_step_ms, prefill_ms_per_token"),
+]
+
+
+@pytest.mark.parametrize("change, why", [d[1:] for d in DAMAGED], ids=[d[0] for d in DAMAGED])
+def test_a_damaged_calibration_is_refused_by_the_field_before_any_work(cfg_factory, tmp_path, monkeypatch, change,
+                                                                         why):
+    """One line 'FILE is not a calibration file: <field> <why>', from config.validate: nothing read or written."""
+    from specexp import benchmarks
+    from specexp.tasks import run_task
+
+    f = tmp_path / "cal.json"
+    f.write_text(json.dumps(_damaged(change)))
+    monkeypatch.setattr(benchmarks, "from_config", lambda *a, **k: pytest.fail("work before the calibration check"))
+    over = ["task=plan", "plan.drafters=[none,dflash]", f"plan.calibration={f}"]
+    with pytest.raises(UserError) as e:
+        run_task(cfg_factory(*over), str(tmp_path / "run"), job={"choices": {}, "overrides": over})
+    assert str(e.value).startswith(f"plan.calibration={str(f)!r} is not a calibration file: ") and why in str(e.value)
+    assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+    assert plan.calibration_fault(_damaged(lambda cal: None)) is None          # the same file, undamaged, reads
+
+
+def test_a_missing_calibration_is_refused_by_validate(cfg_factory):
+    """Issue #59 row 6: refused with the config, not after the benchmarks were read (40-56 s on a busy machine)."""
+    from specexp.config import validate
+
+    with pytest.raises(UserError, match=r"^plan.calibration='/nonexistent/cal.json': no such file"):
+        validate(cfg_factory("task=plan", "plan.calibration=/nonexistent/cal.json"), job={})
+    with pytest.raises(UserError, match=r"^plan.answer_tokens=1e\+300 is not valid"):
+        validate(cfg_factory("task=plan", "plan.answer_tokens=1e300"), job={})
+
+
+def test_the_plan_names_the_references_batch_its_table_uses(cfg_factory, tmp_path):
+    """Issue #59 row 7: 'references batch: 32 (replay.batch_size)' above a table projected at batch 1 (1 turn)."""
+    f = tmp_path / "cal.json"
+    f.write_text(json.dumps({**CAL, "machine": {"device": "cpu"}}))
+    out = plan.run_plan(cfg_factory("task=plan", "plan.drafters=[none]", "benchmark=gsm8k", "eval.num_samples=1",
+                                    f"plan.calibration={f}"), tmp_path / "run")
+    refs = next(r for r in out["rows"] if r["stage"] == "references")
+    assert refs["counts"] == "1 turns, batch 1"
+    said = out["assumptions"]["references batch"]
+    assert said.startswith("1 row (replay.batch_size=auto: 32 on a CPU, at most the run's 1 turns)"), said
+    out = plan.run_plan(cfg_factory("task=plan", "plan.drafters=[none]", "benchmark=gsm8k", "eval.num_samples=8",
+                                    "plan.batch_size=4", f"plan.calibration={f}"), tmp_path / "run2")
+    assert out["assumptions"]["references batch"].startswith("4 rows (plan.batch_size)")
+    assert next(r for r in out["rows"] if r["stage"] == "references")["counts"] == "8 turns, batch 4"
+
+
 def test_passes_and_steps_grow_with_the_context_as_measured():
     """A calibration measured at two contexts: a pass is a·L + b·L² through both points, a step linear in the
     context between them (and beyond), never below half the shorter context's cost."""

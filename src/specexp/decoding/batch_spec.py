@@ -81,7 +81,8 @@ def speculate_batched(target, drafter, jobs: Iterable[Job], dc: DecodeConfig, ba
                       capacity: int = 0) -> int:
     """Run every job's turns, `batch_size` rows at a time, with `drafter` (None: the autoregressive baseline, K = 0)
     under `dc` (module docstring). `target` must have `forward_rows` (targets.static.StaticTarget). `on_done(job)` as
-    each job ends. `generator`: the sampling stream of rows whose job brings none. Returns the rounds run."""
+    each job ends. `generator`: the sampling stream of rows whose job brings none. Returns the rounds run. At most
+    as many rows as jobs are allocated."""
     check(dc.protocol in PROTOCOLS, f"decoding.protocol={dc.protocol!r}: one of {', '.join(PROTOCOLS)}")
     check(batch_size >= 1, f"batch size {batch_size}: at least 1")
     check(drafter is None or not getattr(drafter, "proposes_trees", False),
@@ -92,6 +93,11 @@ def speculate_batched(target, drafter, jobs: Iterable[Job], dc: DecodeConfig, ba
     taps = drafter.tap_layers if drafter is not None else ()
     no_drafts = torch.empty(0, dtype=torch.long, device=dev)
     queue = deque(jobs)
+    # a job holds one row at a time (its turns run in turn), so rows beyond the jobs would stay empty: never
+    # allocated (eval.batch_size=4096 on one sample is a batch of 1, not 4,096 forks and cache rows)
+    batch_size = min(batch_size, len(queue))
+    if not batch_size:
+        return 0
     rows: list[Row | None] = [None] * batch_size
     twins = [fork(drafter) if drafter is not None else None for _ in range(batch_size)]
     cache = target.new_rows_cache(batch_size, max(capacity, 16))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import check
 from .verify import Verdict
 
 TREE_PROTOCOLS = ("greedy", "A")
@@ -63,11 +64,14 @@ def layout(parents: torch.Tensor, max_depth: int) -> TreeLayout:
     return TreeLayout(to_device(depth, dev), to_device(visible, dev, torch.bool), par)
 
 
-def check_protocol(protocol: str) -> None:
-    if protocol not in TREE_PROTOCOLS:
-        raise ValueError(f"decoding.protocol={protocol!r} cannot verify draft trees (p/q acceptance of siblings "
-                         f"drawn from one distribution is not lossless); use {' or '.join(TREE_PROTOCOLS)}, or a "
-                         f"chain drafter (drafter.mode=chain)")
+def check_protocol(protocol: str, key: str = "decoding.protocol") -> None:
+    """A tree is verified by greedy or protocol A only: one `UserError` line otherwise, `key` naming the setting
+    (config.py checks the config with it before any work; the API's `generate(decoding=...)` and the engine, as a
+    last guard, before a prefill)."""
+    check(protocol in TREE_PROTOCOLS,
+          f"{key}={protocol!r} cannot verify draft trees (p/q acceptance of siblings drawn from one distribution is "
+          f"not lossless); use {' or '.join(TREE_PROTOCOLS)} (decoding=greedy or decoding=sample_a), or a chain "
+          f"drafter (drafter.mode=chain)")
 
 
 def walk(drafts: list[int], parents: list[int], pick) -> tuple[list[int], int]:

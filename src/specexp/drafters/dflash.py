@@ -467,6 +467,45 @@ class DraftVocabHead(nn.Module):
         return out.index_copy_(-1, self.ids, sub)
 
 
+def regen_manifest(regen_dir: str, target_name: str) -> tuple[Path, dict]:
+    """The directory and manifest of the regeneration set `eval.draft_vocab_from` names (data/regen/README.md's
+    format), checked as far as they can be without the target: a directory the target `target_name` made, whose
+    manifest lists its rows and whose tokens file is there. config.validate calls it before any work, so each fault
+    is one line naming the path as given; `draft_vocab_ids` reads the tokens."""
+    from .. import files
+
+    where = f"eval.draft_vocab_from={regen_dir!r}"
+    root = repo_path(regen_dir)
+    here = os.path.abspath(Path(regen_dir).expanduser())
+    looked = "" if here == os.path.abspath(root) else f" (neither {here} nor {os.path.abspath(root)})"
+    check(root.exists(), f"{where} does not exist{looked}; name a regeneration set directory (data/regen/, "
+                         "written by data.regen_export=DIR)")
+    check(root.is_dir(), f"{where} is a file; expected a regeneration set directory (data/regen/)")
+    check((root / "manifest.json").exists(), f"{where} holds no manifest.json: not a regeneration set (expected "
+                                             "manifest.json and tokens.npy, as data.regen_export=DIR writes)")
+    text = files.read_text(root / "manifest.json", f"{where}:")
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{where}: manifest.json is not valid JSON ({e.msg}, line {e.lineno}"
+                        f"{'; the file is empty' if not text.strip() else ''})") from None
+    check(isinstance(manifest, dict), f"{where}: manifest.json must hold a JSON object, found "
+                                      f"{type(manifest).__name__}")
+    rows = manifest.get("rows")
+    check(isinstance(rows, list) and bool(rows) and all(
+        isinstance(r, list) and len(r) == 4 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                                   for x in r[1:3]) for r in rows),
+          f"{where}: manifest.json needs 'rows', a non-empty list of [id, prompt_len, response_len, stopped]")
+    prov = manifest.get("provenance")
+    made_by = ((prov.get("target") if isinstance(prov, dict) else None) or {})
+    made_by = made_by.get("name") if isinstance(made_by, dict) else None
+    check(made_by == target_name, f"{where} holds {made_by}'s answers, not {target_name}'s")
+    tokens = files.stored(root / "tokens.npy")
+    check(tokens is not None, f"{where} holds no tokens.npy (nor tokens.npy.xz): not a whole regeneration set")
+    check(tokens.stat().st_size > 0, f"{where}: {tokens.name} is empty")
+    return root, manifest
+
+
 def draft_vocab_ids(regen_dir: str, target, n: int) -> torch.Tensor:
     """The `n` most frequent tokens (ascending ids) of the responses in a regeneration set made by `target`."""
     import io
@@ -476,14 +515,23 @@ def draft_vocab_ids(regen_dir: str, target, n: int) -> torch.Tensor:
     from .. import files
 
     where = f"eval.draft_vocab_from={regen_dir!r}"
-    root = repo_path(regen_dir)
-    manifest = json.loads(files.read_bytes(root / "manifest.json", f"{where}: manifest.json"))
-    made_by = (manifest.get("provenance") or {}).get("target", {}).get("name")
-    check(made_by == target.name, f"{where} holds {made_by}'s answers, not {target.name}'s")
+    root, manifest = regen_manifest(regen_dir, target.name)
     check(n <= target.vocab_size, f"eval.draft_vocab={n} exceeds the vocabulary of {target.vocab_size}")
-    raw = files.read_bytes(files.stored(root / "tokens.npy") or root / "tokens.npy", f"{where}: tokens.npy")
-    tokens, counts, off = np.load(io.BytesIO(raw), allow_pickle=False), torch.zeros(target.vocab_size), 0
-    for _, p, r, _ in manifest["rows"]:
+    stored = files.stored(root / "tokens.npy")
+    raw = files.read_bytes(stored, f"{where}:")
+    try:
+        tokens = np.load(io.BytesIO(raw), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise UserError(f"{where}: {stored.name} is not a NumPy array file ({e})") from None
+    rows = manifest["rows"]
+    total = sum(p + r for _, p, r, _ in rows)
+    check(tokens.ndim == 1 and tokens.dtype.kind in "iu" and tokens.size == total,
+          f"{where}: {stored.name} holds {tokens.size} {tokens.dtype} values in {tokens.ndim} dimension(s); its "
+          f"manifest lists {total} token ids in one")
+    check(tokens.size == 0 or 0 <= int(tokens.min()) and int(tokens.max()) < target.vocab_size,
+          f"{where}: {stored.name} holds token ids outside 0..{target.vocab_size - 1} (another tokenizer's)")
+    counts, off = torch.zeros(target.vocab_size), 0
+    for _, p, r, _ in rows:
         counts += torch.bincount(torch.from_numpy(tokens[off + p: off + p + r].astype("int64")),
                                  minlength=target.vocab_size)[:target.vocab_size]
         off += p + r

@@ -27,7 +27,7 @@ from .. import log
 from ..config import Config, checked
 from ..errors import check
 from ..files import write_json, write_text_atomic
-from ..rundir import RUN, claimed_for, read_json, run_records
+from ..rundir import RUN, SAMPLES, claimed_for, read_json, run_records, samples_path
 from ..tracking import make_logger
 from . import metrics
 
@@ -109,6 +109,16 @@ def _label(run_dir) -> str:
     return str(run_dir)
 
 
+def files_read(run_dir) -> str:
+    """The files of a run that compare reads, as the footer names them: its records, and run.json and summary.json
+    where the run has them (their facts are then compared; absent, they are not)."""
+    d = Path(run_dir)
+    path = samples_path(d)
+    read = [path.name if path is not None else SAMPLES] + [n for n in (RUN, "summary.json") if (d / n).is_file()]
+    missing = [n for n in (RUN, "summary.json") if n not in read]
+    return ", ".join(read) + (f" (no {' nor '.join(missing)})" if missing else "")
+
+
 def compare(a: list[dict], b: list[dict]) -> dict:
     names = list(dict.fromkeys(r["benchmark"] for r in a))
     ga = {n: [r for r in a if r["benchmark"] == n] for n in names}
@@ -150,8 +160,11 @@ def compare_markdown(result: dict) -> str:
                         f"{c['delta']:+.3f} | {ci(c['delta_ci95'])} |")
         m = result["speedup"]["macro"]
         rows.append(f"| **macro** | | | | **{m['delta']:+.3f}** | {ci(m['delta_ci95'])} |")
-        rows.append("\nspeedup = mean AR TPOT / mean TPOT of each run (as in its summary.json), paired over the same "
-                    "prompts; two runs also differ by the machine's drift between them.")
+        rows.append("\nspeedup = mean AR TPOT / mean TPOT of each run, from its per-turn records (the formula of "
+                    "summary.json, eval/metrics.py), paired over the same prompts; two runs also differ by the "
+                    "machine's drift between them.")
+    if "read" in result:
+        rows.append(f"\nRead: A {result['read']['a']}; B {result['read']['b']}.")
     return "\n".join(rows) + "\n"
 
 
@@ -168,7 +181,8 @@ def compare_runs(a, b, allow_mismatch: bool = False, allow_batch_mismatch: bool 
           f"pair them anyway")
     if unlike:
         _log.warning(f"compare: pairing unlike runs (compare.allow_mismatch=true): {shown}")
-    return {"a": _label(a), "b": _label(b), **({"mismatch": unlike} if unlike else {}), **compare(ra, rb)}
+    return {"a": _label(a), "b": _label(b), **({"mismatch": unlike} if unlike else {}), **compare(ra, rb),
+            "read": {"a": files_read(a), "b": files_read(b)}}
 
 
 def run_compare(cfg, out_dir, typed: Config | None = None) -> dict:

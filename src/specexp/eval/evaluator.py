@@ -179,17 +179,19 @@ def mismatch(target, prompt: list[int], spec: list[int], ar: list[int], near_tie
             "lossless_near_tie": metrics.is_near_tie(gap, tol)}
 
 
-def warmup(target, drafter, dc: DecodeConfig, n: int, batch_size: int = 1) -> None:
+def warmup(target, drafter, dc: DecodeConfig, n: int, batch_size: int = 1, rows: int | None = None) -> None:
     """A few short generations first, so lazy initialisation and (on GPU) kernel selection are not timed; at batch
-    B > 1 as many rows of the same prompt through the batched engine."""
+    B > 1 `rows` rows (default B: the rows the run will decode side by side) of the same prompt through the batched
+    engine."""
     ids = target.encode_chat([{"role": "user", "content": "Count from one to ten."}])
     short = replace(dc, max_new_tokens=min(dc.max_new_tokens, 24))       # the timed runs' protocol and cap
     g = torch.Generator(device=target.device).manual_seed(0)
     for _ in range(n):
         if batch_size > 1:
-            rows = batch_engine(target)
+            engine = batch_engine(target)
             for d in (drafter, None) if drafter is not None else (None,):
-                speculate_batched(rows, d, [Once(ids) for _ in range(batch_size)], short, batch_size, lambda j: None, g)
+                speculate_batched(engine, d, [Once(ids) for _ in range(rows or batch_size)], short, batch_size,
+                                  lambda j: None, g)
             continue
         generate(target, drafter, ids, short, g)
         if drafter is not None:
@@ -241,7 +243,7 @@ def run_eval(cfg, out_dir: Path, typed: Config | None = None) -> dict:
         if untimed and dec.protocol == "greedy":        # τ of the untimed prompts by replay, references batched
             refs = build_references(cfg, target, untimed, dc, rp)
         if todo and ev.warmup:
-            warmup(target, drafter, dc, ev.warmup, ev.batch_size)
+            warmup(target, drafter, dc, ev.warmup, ev.batch_size, min(ev.batch_size, len(todo)))
         bar = tqdm(total=len(todo), desc=f"eval {cfg.drafter.name} on {target.name}", unit="sample",
                    disable=not ev.progress, dynamic_ncols=True)
 

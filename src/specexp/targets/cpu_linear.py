@@ -17,7 +17,8 @@ rows runs at the smallest bucket >= m, padded with zero rows; more rows, e.g. a 
 plain, the oneDNN-packed and the MKL-packed product (one pack per bucket: MKL's packed format is made for one
 row count) are timed on weights streamed from memory as a forward reads them, and a packed kind is kept only where
 it is at least `GAIN` faster. The plan is measured once per CPU, thread count, torch build and shape, and cached
-(`plan_file`: `<cache>/cpu_linear/*.json`, with its timings; a few seconds the first time). Each bucket's product is
+(`plan_file`: `<cache>/cpu_linear/*.json`, with its timings; a few seconds the first time; checked on every read,
+and measured again, saying so, when damaged or foreign). Each bucket's product is
 one kernel at one row count, so row r of a block gives the same numbers whatever the block's real length (the
 zero rows do not reach it). These products are **not** the plain one bit for bit: fp32 sums in another order
 differ in the last bits (about 1e-7 relative), as they do between two CPUs' sgemm kernels or between `F.linear` at
@@ -54,6 +55,9 @@ KINDS = ("plain", "onednn", "mkl")
 GAIN = 0.9                       # a packed kind is chosen where it takes at most this share of the plain time
 MIN_FP32_BYTES = 64 << 20        # fp32 models with fewer bytes of linear weights stay plain (module docstring)
 STREAM_BYTES = 64 << 20          # weights a timing reads per pass, in copies of the shape (past the CPU's caches)
+# The measuring's wall-time budget (`measure`), shared by the row buckets: idle, the mini target's five rounds a
+# bucket fit in it; busy, each bucket stops after its first timed round, so the cost stays about two rounds a bucket.
+MEASURE_S = 10.0
 _BUCKET = [next(b for b in ROWS if b >= m) for m in range(ROWS[-1] + 1)]      # rows -> their bucket
 
 
@@ -158,16 +162,20 @@ def plan_file(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 @torch.inference_mode()
-def measure(weights: list, kinds=KINDS, passes: int = 5) -> dict:
+def measure(weights: list, kinds=KINDS, passes: int = 5, budget_s: float | None = None) -> dict:
     """The fp32 plan of a model whose linear layers hold `weights` (in the order a forward reads them):
-    `{"plan": {rows: kind}, "ms": {rows: {kind: ms}}}`. For each bucket of `ROWS`, one pass runs every layer's
-    product at that many rows, as a forward does (the weights streamed from memory, one after the other); the kinds
-    are timed in turn within each of `passes` rounds (after one untimed round), so a change of load falls on all.
-    Timed on the whole model rather than shape by shape: in isolation the small products of 2-8 rows timed alike
-    with and without packing, in a forward the packed ones were 20 % faster (mini target, Xeon)."""
+    `{"plan": {rows: kind}, "ms": {rows: {kind: ms}}, "passes": {rows: timed rounds}}`. For each bucket of `ROWS`,
+    one pass runs every layer's product at that many rows, as a forward does (the weights streamed from memory, one
+    after the other); the kinds are timed in turn within each of up to `passes` rounds (after one untimed round), so
+    a change of load falls on all. Each bucket stops repeating once it has spent its share of `budget_s` (default
+    `MEASURE_S`) and timed one round: on a busy machine the measurement costs its minimum, two rounds per bucket,
+    instead of growing with the load (a 536 s measurement on a busy 2-core machine: issue #59). Timed on the whole
+    model rather than shape by shape: in isolation the small products of 2-8 rows timed alike with and without
+    packing, in a forward the packed ones were 20 % faster (mini target, Xeon)."""
+    share = (MEASURE_S if budget_s is None else budget_s) / len(ROWS)
     g = torch.Generator().manual_seed(0)
     dnn = [_pack_one("onednn", w) for w in weights] if "onednn" in kinds else None
-    plan, ms = {}, {}
+    plan, ms, done = {}, {}, {}
     for b in ROWS:
         xs = {k: torch.randn(1, b, k, generator=g) for k in {w.shape[1] for w in weights}}
         calls = {"plain": [(lambda x=xs[w.shape[1]], w=w: F.linear(x, w)) for w in weights]}
@@ -179,6 +187,7 @@ def measure(weights: list, kinds=KINDS, passes: int = 5) -> dict:
             calls["mkl"] = [(lambda x=xs[w.shape[1]][0], p=_pack_one("mkl", w, b), w=w:
                              torch.ops.mkl._mkl_linear(x, p, w, None, b)) for w in weights]
         times = {k: [] for k in calls}
+        start = time.perf_counter()
         for i in range(passes + 1):
             for k, fns in calls.items():
                 t0 = time.perf_counter()
@@ -186,30 +195,39 @@ def measure(weights: list, kinds=KINDS, passes: int = 5) -> dict:
                     f()
                 if i:
                     times[k].append(time.perf_counter() - t0)
+            if i and time.perf_counter() - start > share:
+                break
         del calls
-        ms[b] = {k: round(1e3 * sorted(t)[passes // 2], 3) for k, t in times.items()}
+        done[b] = len(times["plain"])
+        ms[b] = {k: round(1e3 * sorted(t)[len(t) // 2], 3) for k, t in times.items()}
         best = min(ms[b], key=ms[b].get)
         plan[b] = best if ms[b][best] <= GAIN * ms[b]["plain"] else "plain"
-    return {"plan": plan, "ms": ms}
+    return {"plan": plan, "ms": ms, "passes": done}
 
 
 def fp32_plan(weights: list, cache_dir=None) -> dict:
     """`{rows: kind}` for a model whose linear layers hold `weights`: read from this machine's plan file, where
     the same list of weight shapes was measured before, else measured (`measure`) and added to it (written whole to
-    a temporary file, then renamed: a concurrent run reads the old plans or the new ones, never half of them)."""
+    a temporary file, then renamed: a concurrent run reads the old plans or the new ones, never half of them). A
+    damaged or foreign file or entry (`_plan_fault`: not JSON, another schema, other shapes, a kind this torch cannot
+    run) is set aside with one warning line and measured again: the file is a cache, never trusted as it is."""
     from ..log import get as get_logger
 
     path = plan_file(cache_dir)
     shapes = [tuple(w.shape) for w in weights]
     key = hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:16]
-    try:
-        stored = json.loads(path.read_text())
-    except (OSError, ValueError):
-        stored = {"machine": _machine_key(), "models": {}}
+    kinds = tuple(k for k in KINDS if k == "plain" or (k == "onednn" and available(torch.float32)
+                                                       and hasattr(_mkldnn(), "_linear_pointwise"))
+                  or (k == "mkl" and _has_mkl()))
+    stored, fault = _read_plans(path)
+    if fault is None and key in stored["models"]:
+        fault = _plan_fault(stored["models"][key], weights, kinds)
+        if fault is not None:
+            del stored["models"][key]
+    if fault is not None:
+        get_logger(__name__).warning("target.prepack: the packing plan %s is damaged or foreign (%s); measuring it "
+                                     "again", path, fault)
     if key not in stored["models"]:
-        kinds = tuple(k for k in KINDS if k == "plain" or (k == "onednn" and available(torch.float32)
-                                                           and hasattr(_mkldnn(), "_linear_pointwise"))
-                      or (k == "mkl" and _has_mkl()))
         t0 = time.perf_counter()
         stored["models"][key] = {"layers": len(shapes), "bytes": sum(w.numel() * 4 for w in weights),
                                  **measure(weights, kinds)}
@@ -224,6 +242,36 @@ def fp32_plan(weights: list, cache_dir=None) -> dict:
         except OSError:                               # a read-only cache: measured again next time
             pass
     return {int(b): k for b, k in stored["models"][key]["plan"].items()}
+
+
+def _read_plans(path: Path) -> tuple[dict, str | None]:
+    """The plan file's content, or a fresh one and why the file was set aside (None: absent, nothing to say)."""
+    fresh = {"machine": _machine_key(), "models": {}}
+    try:
+        stored = json.loads(path.read_text())
+    except FileNotFoundError:
+        return fresh, None
+    except (OSError, ValueError) as e:                 # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return fresh, f"unreadable: {type(e).__name__}"
+    if not (isinstance(stored, dict) and isinstance(stored.get("models"), dict)):
+        return fresh, f"a JSON {type(stored).__name__} without a 'models' mapping"
+    return stored, None
+
+
+def _plan_fault(entry, weights: list, kinds: tuple) -> str | None:
+    """Why a stored plan cannot serve the model of `weights` on this torch (the products it names must be ones this
+    build runs, one per row bucket), or None."""
+    if not isinstance(entry, dict):
+        return f"its entry is a {type(entry).__name__}"
+    if entry.get("layers") != len(weights) or entry.get("bytes") != sum(w.numel() * 4 for w in weights):
+        return f"its entry is for {entry.get('layers')!r} layers of {entry.get('bytes')!r} bytes, not {len(weights)}"
+    plan = entry.get("plan")
+    if not isinstance(plan, dict) or sorted(plan) != sorted(str(b) for b in ROWS):
+        return f"its plan is not one product per row bucket {', '.join(map(str, ROWS))}"
+    bad = sorted({str(k) for k in plan.values() if k not in kinds})
+    if bad:
+        return f"product {bad[0]!r} is not one this torch runs ({', '.join(kinds)})"
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ packing
