@@ -19,7 +19,6 @@ def hydra_quote(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-
 def duplicate_key(value: str) -> str | None:
     """The first key written twice within one `{...}` of an override's value text (Hydra's parser builds a dict and
     keeps the last silently: `eval.max_drafts={1: 3, 1: 4}` would run with 4), else None. Keys are compared as
