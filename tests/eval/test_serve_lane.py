@@ -8,11 +8,12 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import specexp
-from specexp.errors import CheckFailed
+from specexp.eval import serve_check
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVE_PYTHON = ROOT / ".venv-serve" / "bin" / "python"
@@ -47,13 +48,21 @@ def test_vllm_serves_the_mini_exports_as_specexp_runs_them(tmp_path):
         assert r["vllm_tau"] > 1.2, md                                  # drafts are accepted at all
         assert r["agrees"], md                                          # Δτ's CI includes 0
     # The lane can fail: the same EAGLE-3 export with the key specexp once wrote (norm_output: true, which vLLM reads
-    # as "feed the normed state to the next draft step") loads, decodes the target's text, and disagrees in τ.
+    # as "feed the normed state to the next draft step") loads, decodes the target's text, and disagrees in τ with
+    # specexp's decode above.
+    run_dir = tmp_path / "run"
     drifted = tmp_path / "drifted"
-    shutil.copytree(tmp_path / "run" / "exports" / "eagle3", drifted)
+    shutil.copytree(run_dir / "exports" / "eagle3", drifted)
     config = json.loads((drifted / "config.json").read_text())
     (drifted / "config.json").write_text(json.dumps({**config, "norm_output": True}))
-    with pytest.raises(CheckFailed, match="vLLM serves eagle3 otherwise than specexp runs it"):
-        specexp.run("serve_check", [*over[:-1], "serve_check.drafters=[eagle3]",
-                                    f"serve_check.exports={{eagle3: {drifted}}}"], tmp_path / "drift")
-    row = json.loads((tmp_path / "drift" / "serve_check.json").read_text())["drafters"][0]
-    assert row["identical_to_vllm_ar"] == 4 and row["delta_ci95"][1] < 0, row
+    spec = json.loads((run_dir / "vllm_spec.json").read_text())
+    k = result["k"]
+    spec["runs"] = [{"name": "eagle3", "speculative_config": {"method": "eagle3", "model": str(drifted),
+                                                              "num_speculative_tokens": k}}]
+    (tmp_path / "drift").mkdir()
+    got = serve_check.run_vllm(str(SERVE_PYTHON), spec, tmp_path / "drift", 1800)["runs"][0]
+    ours = rows["eagle3"]["specexp_records"]
+    prompts = [(SimpleNamespace(id=r["id"], benchmark=r["benchmark"]), []) for r in ours]
+    vllm_ar = [p["output_ids"] for p in json.loads((run_dir / "vllm_out.json").read_text())["runs"][0]["prompts"]]
+    row = serve_check.compare_drafter("eagle3", got, ours, prompts, vllm_ar, vllm_ar, k)
+    assert row["identical_to_vllm_ar"] == 4 and not row["agrees"] and row["delta_ci95"][1] < 0, row

@@ -198,6 +198,7 @@ def compare_drafter(name: str, run: dict, ours: list[dict], prompts, vllm_ar: li
             "vllm_accept_rate_per_position": metrics.accept_rate_per_position(theirs, k),
             "specexp_accept_rate_per_position": metrics.accept_rate_per_position(ours, k),
             "per_benchmark": per, "startup_s": run.get("startup_s"), "generate_s": run.get("generate_s"),
+            "specexp_records": ours,
             "per_prompt": [{"id": a["id"], "vllm_tau": metrics.turn_tau(a["accept_lengths"]),
                             "specexp_tau": metrics.turn_tau(b["accept_lengths"]),
                             "vllm_rounds": len(a["accept_lengths"]), "specexp_rounds": len(b["accept_lengths"])}
