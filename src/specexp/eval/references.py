@@ -261,6 +261,8 @@ class VllmReferences:
         self.python, self.target_settings, self.timeout_s = python, target_settings, timeout_s
         self.distribution, self.version = vllm_version(python, key)
         self.dtype = str(target.dtype).removeprefix("torch.")
+        self.model: str | None = None        # what vLLM loads (`model_dir`), found at the first batch
+
 
     @property
     def identity(self) -> dict:
@@ -269,7 +271,9 @@ class VllmReferences:
 
     def generate(self, target, prompts: list[list[int]], dc: DecodeConfig, work: Path) -> list[list[int]]:
         """Greedy continuations of `prompts` in one vLLM batch; vLLM's spec, output and log are kept in `work`."""
-        spec = {"model": model_dir(target, self.target_settings, work.parent / "target"), "prompts": prompts,
+        if self.model is None:              # a random-weight test target is saved once, not once per turn depth
+            self.model = model_dir(target, self.target_settings, work.parent / "target")
+        spec = {"model": self.model, "prompts": prompts,
                 "runs": [{"name": "ar", "speculative_config": None}], "batched": True, "warmup": False,
                 "dtype": self.dtype, "max_new_tokens": dc.max_new_tokens, "ignore_eos": True,
                 "stop_token_ids": list(dc.stop_token_ids),

@@ -55,7 +55,7 @@ from .references import (
 )
 from .store import ResultStore
 from .summary import capped, checkpoint_digests, vocab_settings
-from .vllm_side import side_python
+from .vllm_side import side_python, vllm_version
 
 _log = log.get(__name__)
 
@@ -219,7 +219,7 @@ def replay_settings(typed: Config) -> ReplayConfig:
     if rp.export:                       # before the references are computed: a refusal costs nothing
         files.check_new_file(rp.export, "replay.export", rp.overwrite, "replay.overwrite")
     if rp.reference_engine == "vllm":   # the side Python names the set (its vLLM version), cached or not
-        side_python(rp.vllm_python, "replay.vllm_python")
+        vllm_version(side_python(rp.vllm_python, "replay.vllm_python"), "replay.vllm_python")
     return rp
 
 
