@@ -106,6 +106,9 @@ def test_replay_on_vllm_references_records_their_source(tmp_path, monkeypatch):
                          tmp_path / "theirs")
     engine = {"name": "vllm", "distribution": "vllm-fake", "version": "9.9.9", "dtype": "float32"}
     assert theirs["references_source"] == engine and ours["references_source"] == {"name": "specexp"}
+    md = (tmp_path / "theirs" / "summary.md").read_text()
+    assert "greedy references decoded by vllm-fake 9.9.9 in float32 (" in md
+    assert "greedy references (" in (tmp_path / "ours" / "summary.md").read_text()
     run = json.loads((tmp_path / "theirs" / "run.json").read_text())
     assert run["settings"]["references_source"] == engine
     assert "references_source" not in json.loads((tmp_path / "ours" / "run.json").read_text())["settings"]
