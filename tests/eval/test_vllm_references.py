@@ -148,7 +148,7 @@ def test_vllm_references_equal_specexps_on_the_mini_target_in_fp32(tmp_path):
     why = _vllm_missing()
     if why is not None:
         pytest.skip(why)
-    over = ["target=smollm2_135m", "target.dtype=float32", "target.prepack=false", "benchmark=[gsm8k,mt_bench]",
+    over = ["target=smollm2_135m", "target.dtype=float32", "target.prepack=false", "benchmark.names=[gsm8k,mt_bench]",
             "eval.num_samples=2", "eval.max_new_tokens=24", "logger=none", "replay.references_only=true",
             f"replay.cache_dir={tmp_path / 'refs'}", f"replay.tap_cache_dir={tmp_path / 'taps'}"]
     specexp.run("replay", over, tmp_path / "ours")

@@ -270,7 +270,8 @@ def build_references(cfg, target, samples, dc: DecodeConfig, rp: ReplayConfig,
         elif todo:
             compute_references(target, todo, dc, rows, done)
     if todo:
-        log.LOG.info(f"references: {len(todo)} decoded in {time.perf_counter() - t0:.0f} s at batch {rows}")
+        how = f"at batch {rows}" if vllm is None else "by vLLM, one batch per turn depth"
+        log.LOG.info(f"references: {len(todo)} decoded in {time.perf_counter() - t0:.0f} s {how}")
     if rp.export:
         n = store.export(files.check_new_file(rp.export, "replay.export", rp.overwrite,
                                               "replay.overwrite"), samples)
