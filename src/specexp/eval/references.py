@@ -263,7 +263,6 @@ class VllmReferences:
         self.dtype = str(target.dtype).removeprefix("torch.")
         self.model: str | None = None        # what vLLM loads (`model_dir`), found at the first batch
 
-
     @property
     def identity(self) -> dict:
         """The fingerprint's `engine`: what decides vLLM's tokens besides the set's other keys."""
