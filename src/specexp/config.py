@@ -357,6 +357,9 @@ class FusionGridConfig(Settings):
     beta: list | None = setting(None, _num_list, GRID)
 
 
+REFERENCE_ENGINES = ("specexp", "vllm")   # replay.reference_engine: specexp's own engine, or vLLM (eval/references.py)
+
+
 @frozen
 class ReplayConfig(Settings):
     KEY = "replay"
@@ -372,6 +375,11 @@ class ReplayConfig(Settings):
                               f"an int >= 1 or auto; {upto(MAX_BATCH)}")
     near_tie: float = setting(0.01, is_num(0), "a finite number >= 0 (a top-2 logit gap)")
     fusion_grid: FusionGridConfig = setting(factory=FusionGridConfig)
+    reference_engine: str = setting("specexp", lambda v: v in REFERENCE_ENGINES,
+                                    f"one of {', '.join(REFERENCE_ENGINES)} (what decodes the references)")
+    vllm_python: str = setting(".venv-serve/bin/python", nonempty_str, "the Python of an environment with vLLM (bash "
+                                                                        "scripts/install.sh serve makes .venv-serve)")
+    vllm_timeout_s: int = setting(3600, *ints(10, 7 * 24 * 3600))
 
 
 @frozen

@@ -90,7 +90,7 @@ def run_grid(cfg, out_dir: Path, typed: Config | None = None) -> dict:
     check(isinstance(drafter, DeLSDrafter),
           f"replay.fusion_grid needs a drafter with fusion weights (dels_rnn, dels_markov); "
           f"got drafter={cfg.drafter.name}")
-    refs = build_references(cfg, target, samples, dc, rp)
+    refs = build_references(cfg, target, samples, dc, rp, typed.target)
     if rp.references_only:
         return {}
     # Each cell is the run `task=replay fusion.alpha=a fusion.beta=b` would be: its config, its settings.

@@ -246,6 +246,8 @@ def run_merge(cfg, out_dir, typed: Config | None = None) -> dict:
             header["target_dtype"] = first.summary["target_dtype"]
         if "batch_size" in first.summary:                           # shards of one run: one batch (run.json's eval)
             header["batch_size"] = first.summary["batch_size"]
+        if "references_source" in first.summary:                    # replays: one reference set (run.json's)
+            header["references_source"] = first.summary["references_source"]
         if "timed" in first.summary:                                # a timed subset: its ids come from the records
             header["timed"] = {k: v for k, v in first.summary["timed"].items() if k != "ids"}
         machines = [r.summary["machine"] for r in runs if "machine" in r.summary]

@@ -10,6 +10,11 @@ Store (`ReferenceStore`): a directory `<root>/<fingerprint>/` with
   references.jsonl  one line per sample, appended as each finishes (a rerun resumes; a torn last line is dropped):
                     {"benchmark", "id", "key", "turns": [{"prompt_len", "prompt_sha256", "tokens", "stop_reason"}]}
 `key` hashes the sample's user turns, so an edited prompt file never reuses a stale reference.
+References may instead come from vLLM (`replay.reference_engine=vllm`, `VllmReferences`): the same prompt ids, budget
+and stop ids, batched greedy in the target's dtype, one vLLM batch per turn depth (a sample's next user turn follows
+its decoded previous answer, as above). Such a set's fingerprint has an `engine` entry (name, distribution, version,
+dtype), so the two engines' sets never mix; a fingerprint without one is specexp's (sets made before the key existed
+keep their hash).
 Export / import: one gzipped JSON file `{"manifest": ..., "references": [...]}` (token ids only, a few hundred
 bytes per turn), refused on import when its manifest differs from this run's.
 """
@@ -19,14 +24,16 @@ import gzip
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
 
-from .. import files
+from .. import files, log
 from ..decoding.batch import generate_batched
 from ..decoding.engine import DecodeConfig, Generation, generate
 from ..errors import UserError, check, differing_keys
+from .vllm_side import model_dir, run_vllm, vllm_version
 
 FORMAT_VERSION = 1
 
@@ -46,9 +53,13 @@ def weights_sha256(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def set_fingerprint(target, dc: DecodeConfig) -> dict:
+SPECEXP_ENGINE = {"name": "specexp"}      # the source of a set whose fingerprint names no engine
+
+
+def set_fingerprint(target, dc: DecodeConfig, engine: dict | None = None) -> dict:
     """What every reference of a set depends on besides its prompt: target weights, tokenizer and chat format,
-    token budget and stop ids (greedy decoding, batch 1)."""
+    token budget and stop ids (greedy decoding, batch 1), and `engine` when another engine than specexp's decoded
+    them (`VllmReferences.identity`; None: specexp's, no key, so older sets keep their hash)."""
     tok = target.tokenizer
     backend = getattr(tok, "backend_tokenizer", None)
     return {
@@ -57,7 +68,13 @@ def set_fingerprint(target, dc: DecodeConfig) -> dict:
         "tokenizer_sha256": hashlib.sha256(backend.to_str().encode()).hexdigest() if backend is not None else None,
         "chat_template_sha256": _sha([getattr(tok, "chat_template", None), target.chat_kwargs]),
         "max_new_tokens": dc.max_new_tokens, "stop_token_ids": list(dc.stop_token_ids),
+        **({"engine": engine} if engine is not None else {}),
     }
+
+
+def reference_source(fingerprint: dict) -> dict:
+    """The engine that decoded a set: its fingerprint's `engine`, or specexp's own when it names none."""
+    return fingerprint.get("engine", SPECEXP_ENGINE)
 
 
 def sample_key(sample) -> str:
@@ -79,8 +96,8 @@ class ReferenceStore:
         self.file = self.dir / "references.jsonl"
         manifest = self.dir / "manifest.json"
         if not manifest.exists():
-            files.write_text_atomic(manifest, json.dumps({"fingerprint": fingerprint, "hash": self.hash}, indent=1)
-                                    + "\n")
+            files.write_text_atomic(manifest, json.dumps({"fingerprint": fingerprint, "hash": self.hash,
+                                                          "source": self.source}, indent=1) + "\n")
         self.refs: dict[str, dict] = {}
         if self.file.exists():
             lines = self.file.read_text().splitlines()
@@ -92,6 +109,11 @@ class ReferenceStore:
                     self._rewrite()
                     break
                 self.refs[r["key"]] = r
+
+    @property
+    def source(self) -> dict:
+        """The engine that decoded this set (`reference_source`)."""
+        return reference_source(self.fingerprint)
 
     def _rewrite(self) -> None:
         files.write_text_atomic(self.file, "".join(json.dumps(r) + "\n" for r in self.refs.values()))
@@ -224,3 +246,59 @@ def turns_with_prompts(target, sample, ref: dict):
               f"(tokenizer or chat template changed?); clear replay.cache_dir to rebuild the references")
         yield turn, ids, t["tokens"]
         messages.append({"role": "assistant", "content": target.decode(t["tokens"])})
+
+
+class VllmReferences:
+    """vLLM as the reference engine (`replay.reference_engine=vllm`): the prompts specexp builds (`SampleJob`, chat
+    template and all), greedy, `dc`'s budget and stop ids, in the target's dtype, run by `python` (a Python with
+    vllm: `.venv-serve`'s CPU build here, `vllm` itself on a GPU; export/vllm_runner.py is the same for both).
+
+    Every sample's turn t is in one batched vLLM call (vLLM schedules the batch itself), one call per turn depth: a
+    turn's prompt needs the previous turn's decoded answer. A stop token ends a generation only when it is one of
+    `dc.stop_token_ids` (vLLM's own end-of-sequence rule is off), which is specexp's rule."""
+
+    def __init__(self, python: str, target, target_settings, timeout_s: int, key: str = "replay.vllm_python"):
+        self.python, self.target_settings, self.timeout_s = python, target_settings, timeout_s
+        self.distribution, self.version = vllm_version(python, key)
+        self.dtype = str(target.dtype).removeprefix("torch.")
+        self.model: str | None = None        # what vLLM loads (`model_dir`), found at the first batch
+
+    @property
+    def identity(self) -> dict:
+        """The fingerprint's `engine`: what decides vLLM's tokens besides the set's other keys."""
+        return {"name": "vllm", "distribution": self.distribution, "version": self.version, "dtype": self.dtype}
+
+    def generate(self, target, prompts: list[list[int]], dc: DecodeConfig, work: Path) -> list[list[int]]:
+        """Greedy continuations of `prompts` in one vLLM batch; vLLM's spec, output and log are kept in `work`."""
+        if self.model is None:              # a random-weight test target is saved once, not once per turn depth
+            self.model = model_dir(target, self.target_settings, work.parent / "target")
+        spec = {"model": self.model, "prompts": prompts,
+                "runs": [{"name": "ar", "speculative_config": None}], "batched": True, "warmup": False,
+                "dtype": self.dtype, "max_new_tokens": dc.max_new_tokens, "ignore_eos": True,
+                "stop_token_ids": list(dc.stop_token_ids),
+                "max_model_len": max(len(p) for p in prompts) + dc.max_new_tokens}
+        run = run_vllm(self.python, spec, work, self.timeout_s, "references", "replay.vllm_timeout_s")["runs"][0]
+        check(not run.get("error") and len(run.get("prompts", [])) == len(prompts),
+              f"references: vLLM could not decode the prompts: {run.get('error')}; its log: {work / 'vllm.log'}")
+        return [list(p["output_ids"]) for p in run["prompts"]]
+
+    def compute(self, target, samples, dc: DecodeConfig, work: Path, on_done) -> None:
+        """Every sample's reference, `on_done(record)` as each finishes (after the batch of its last turn)."""
+        stops = set(dc.stop_token_ids)
+        pending = [(job, job.next_prompt(None)) for job in (SampleJob(target, s, dc) for s in samples)]
+        depth = 0
+        while pending:
+            t0 = time.perf_counter()
+            outs = self.generate(target, [ids for _, ids in pending], dc, work / f"turn{depth}")
+            log.LOG.info(f"references: vLLM decoded turn {depth + 1} of {len(pending)} samples "
+                         f"({sum(map(len, outs))} tokens) in {time.perf_counter() - t0:.0f} s")
+            later = []
+            for (job, ids), tokens in zip(pending, outs):
+                gen = Generation(prompt_len=len(ids), tokens=tokens,
+                                 stop_reason="stop" if tokens and tokens[-1] in stops else "length")
+                nxt = job.next_prompt(gen)
+                if nxt is None:
+                    on_done(job.reference)
+                else:
+                    later.append((job, nxt))
+            pending, depth = later, depth + 1

@@ -45,9 +45,17 @@ from ..errors import UserError, check, invariant
 from ..targets.hf import target_settings
 from ..tracking import run_info
 from . import metrics, run, shards
-from .references import ReferenceStore, batch_engine, compute_references, set_fingerprint, turns_with_prompts
+from .references import (
+    ReferenceStore,
+    VllmReferences,
+    batch_engine,
+    compute_references,
+    set_fingerprint,
+    turns_with_prompts,
+)
 from .store import ResultStore
 from .summary import capped, checkpoint_digests, vocab_settings
+from .vllm_side import side_python, vllm_version
 
 _log = log.get(__name__)
 
@@ -210,6 +218,8 @@ def replay_settings(typed: Config) -> ReplayConfig:
           f"output depends on the drafter, so there is no single reference; use task=eval for decoding=sample_a|b")
     if rp.export:                       # before the references are computed: a refusal costs nothing
         files.check_new_file(rp.export, "replay.export", rp.overwrite, "replay.overwrite")
+    if rp.reference_engine == "vllm":   # the side Python names the set (its vLLM version), cached or not
+        vllm_version(side_python(rp.vllm_python, "replay.vllm_python"), "replay.vllm_python")
     return rp
 
 
@@ -221,11 +231,18 @@ def default_replay(typed: Config) -> ReplayConfig:
                         near_tie=typed.eval.near_tie)
 
 
-def build_references(cfg, target, samples, dc: DecodeConfig, rp: ReplayConfig) -> ReferenceStore:
-    """The reference store of this target and budget, with every selected sample's reference (computed as needed,
-    resumably; `replay.references=FILE` imported first; `replay.export=FILE` written after). `rp`: the replay
-    settings (the config's `replay` group, or `default_replay` for a task without one)."""
-    store = ReferenceStore(rp.cache_dir, set_fingerprint(target, dc))
+def build_references(cfg, target, samples, dc: DecodeConfig, rp: ReplayConfig,
+                     target_settings=None) -> ReferenceStore:
+    """The reference store of this target, budget and reference engine, with every selected sample's reference
+    (computed as needed, resumably; `replay.references=FILE` imported first; `replay.export=FILE` written after).
+    `rp`: the replay settings (the config's `replay` group, or `default_replay` for a task without one);
+    `target_settings`: the typed `target` group, which `replay.reference_engine=vllm` needs (what vLLM loads)."""
+    vllm = None
+    if rp.reference_engine == "vllm":
+        invariant(target_settings is not None, "build_references: vLLM references need the target's settings")
+        vllm = VllmReferences(side_python(rp.vllm_python, "replay.vllm_python"), target, target_settings,
+                              rp.vllm_timeout_s)
+    store = ReferenceStore(rp.cache_dir, set_fingerprint(target, dc, vllm.identity if vllm is not None else None))
     if rp.references:
         store.import_file(rp.references)
     # Prompt-index-major across benchmarks (a stable sort), so an interrupted run covers every benchmark equally.
@@ -239,18 +256,22 @@ def build_references(cfg, target, samples, dc: DecodeConfig, rp: ReplayConfig) -
                disable=not cfg.eval.progress or not todo, dynamic_ncols=True)
     if todo:                                            # the long silent phase of a first replay
         log.LOG.info(f"references: decoding {len(todo)} of {len(samples)} samples greedily on {target.name} "
-                     f"(cached in {store.dir})")
-    t0, rows = time.perf_counter(), reference_batch(rp.batch_size, target)
+                     f"with {store.source['name']} (cached in {store.dir})")
+    t0 = time.perf_counter()
+    rows = reference_batch(rp.batch_size, target) if vllm is None else len(todo)
 
     def done(ref: dict) -> None:                        # appended as each sample ends: a rerun resumes from there
         store.add([ref])
         bar.update()
         _log.debug(f"reference {ref['benchmark']}/{ref['id']} done ({time.perf_counter() - t0:.0f} s so far)")
     with bar:
-        if todo:
+        if todo and vllm is not None:
+            vllm.compute(target, todo, dc, store.dir / "vllm", done)
+        elif todo:
             compute_references(target, todo, dc, rows, done)
     if todo:
-        log.LOG.info(f"references: {len(todo)} decoded in {time.perf_counter() - t0:.0f} s at batch {rows}")
+        how = f"at batch {rows}" if vllm is None else "by vLLM, one batch per turn depth"
+        log.LOG.info(f"references: {len(todo)} decoded in {time.perf_counter() - t0:.0f} s {how}")
     if rp.export:
         n = store.export(files.check_new_file(rp.export, "replay.export", rp.overwrite,
                                               "replay.overwrite"), samples)
@@ -284,12 +305,14 @@ def run_settings(cfg, typed: Config, device, refs: ReferenceStore) -> dict:
     rp, ev = typed.replay, typed.eval
     vocab = vocab_settings(ev, cfg.drafter.name, device, timed=False)
     vocab |= {"draft_vocab_content": checkpoint_digests(vocab, "eval")} if vocab else {}
+    # the references' engine only when it is not specexp's, so the directories of earlier runs still resume
+    source = {"references_source": refs.source} if refs.source["name"] != "specexp" else {}
     return {
         "mode": "replay", "references": refs.hash,
         "target": target_settings(cfg.target, device),
         "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
         "max_new_tokens": ev.max_new_tokens, "near_tie": rp.near_tie, "batched": rp.batched, "save_text": ev.save_text,
-        **capped(ev), **vocab,
+        **capped(ev), **vocab, **source,
     }
 
 
@@ -329,12 +352,13 @@ def run_replay(cfg, out_dir, typed: Config | None = None) -> dict:
     ev = typed.eval
     m = run.build(cfg, sel, draft_vocab(ev, cfg.drafter.name, device, timed=False))
     target, drafter, round_metrics, dc = m.target, m.drafter, m.round_metrics, m.dc
-    refs = build_references(cfg, target, samples, dc, rp)
+    refs = build_references(cfg, target, samples, dc, rp, typed.target)
     if rp.references_only:
         return {}
     settings = run_settings(cfg, typed, device, refs)
     with ResultStore(out_dir, settings, samples, shards.entry(sel.selected, sel.shard)) as store:
-        run.start(cfg, out_dir, {**run_info(device), "target_source": target.source, "references": str(refs.dir)})
+        run.start(cfg, out_dir, {**run_info(device), "target_source": target.source, "references": str(refs.dir),
+                                 "references_source": refs.source})
         logger = run.logger(typed, cfg, out_dir, name=f"{cfg.drafter.name}-{target.name}")
         done = store.done()
         todo = [s for s in samples if (s.benchmark, s.id) not in done]
@@ -350,6 +374,7 @@ def run_replay(cfg, out_dir, typed: Config | None = None) -> dict:
             _log.debug(f"replayed {sample.benchmark}/{sample.id}: τ {metrics.fmean(taus) if taus else None}")
 
         # the logger gets the eval/... keys the dashboards read; job type replay
-        summary, md = run.finish(cfg, out_dir, store.records, sel, m, logger, "replay", mode="replay")
+        summary, md = run.finish(cfg, out_dir, store.records, sel, m, logger, "replay", mode="replay",
+                                 references_source=refs.source)
     log.table(md)
     return summary

@@ -33,9 +33,6 @@ Writes `serve_check.json` and `serve_check.md` (and vLLM's spec, output and log)
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,46 +41,16 @@ from .. import log, registry
 from ..config import SERVED, Config
 from ..decoding.engine import generate
 from ..decoding.settings import DecodeConfig, check_fits
-from ..errors import CheckFailed, UserError, check
+from ..errors import CheckFailed, check
 from ..files import write_json, write_text_atomic
 from ..rundir import claimed_for
 from . import metrics
 from .plan import drafter_group
 from .run import select
+from .vllm_side import model_dir, run_vllm, side_python
 
-RUNNER = Path(__file__).resolve().parents[1] / "export" / "vllm_runner.py"
 METHOD = {"dflash": "dflash", "eagle3": "eagle3"}        # specexp drafter -> vLLM speculative method
 TOL = 1e-9            # a CI "includes 0" up to float rounding (identical τ gives [0, 0] computed as ±1e-16)
-
-
-def side_python(path: str) -> str:
-    """`serve_check.python` as an executable, or the one line that says how to make it (before any work)."""
-    p = Path(path).expanduser()
-    check(p.is_file() and os.access(p, os.X_OK),
-          f"serve_check.python={path!r} is not an executable; run `bash scripts/install.sh serve` (vLLM's CPU build "
-          f"in .venv-serve), or point serve_check.python at a Python that has vllm installed")
-    return str(p)
-
-
-def model_dir(target, settings, scratch: Path) -> str:
-    """What vLLM loads as the target: the directory (or hub id) specexp loaded it from, else (a random-weight test
-    target) its weights and tokenizer, loaded again unpacked and saved to `scratch`. The mini target's GGUF file is
-    converted once by specexp (targets/hf.smollm2_from_gguf); vLLM reads that conversion, the same fp32 weights."""
-    import torch
-
-    from ..paths import cache_root
-    from ..targets.hf import smollm2_from_gguf
-
-    source = str(getattr(target, "source", "") or "")
-    if source.startswith("gguf:"):
-        return str(smollm2_from_gguf(cache_root(settings.cache_dir)))
-    if source and (Path(source).is_dir() or settings.loader == "hub"):
-        return source
-    fresh = registry.TARGETS[settings.loader](settings, torch.device("cpu"))     # as loaded: no packing
-    scratch.mkdir(parents=True, exist_ok=True)
-    fresh.model.save_pretrained(scratch)
-    fresh.tokenizer.save_pretrained(scratch)
-    return str(scratch)
 
 
 def rounds_from_counts(num_drafts: int, accepted_per_pos: list[int]) -> list[int]:
@@ -133,27 +100,6 @@ def export_for_vllm(cfg, typed: Config, name: str, out: Path) -> str:
     plan = engines.plan(ecfg, out.parent, None)
     engines.write(plan)
     return str(out)
-
-
-def run_vllm(python: str, spec: dict, d: Path, timeout_s: int) -> dict:
-    """The side process: vLLM on `spec` (export/vllm_runner.py), its output read back; vLLM's console in vllm.log."""
-    spec_file, out_file, log_file = d / "vllm_spec.json", d / "vllm_out.json", d / "vllm.log"
-    write_json(spec_file, spec)
-    out_file.unlink(missing_ok=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
-    t0 = time.perf_counter()
-    with open(log_file, "w", encoding="utf-8") as f:
-        try:
-            rc = subprocess.run([python, str(RUNNER), str(spec_file), str(out_file)], stdout=f,
-                                stderr=subprocess.STDOUT, env=env, timeout=timeout_s).returncode
-        except subprocess.TimeoutExpired:
-            raise UserError(f"serve_check: vLLM ran past serve_check.timeout_s={timeout_s} s; its log: {log_file}") \
-                from None
-    check(out_file.is_file(), f"serve_check: vLLM ({python}) exited {rc} without a result; its log: {log_file}")
-    result = json.loads(out_file.read_text(encoding="utf-8"))
-    log.LOG.info(f"serve_check: vLLM {result.get('vllm_version')}: {len(spec['runs'])} runs in "
-                 f"{time.perf_counter() - t0:.0f} s (exit {rc})")
-    return result
 
 
 def vllm_records(run: dict, prompts, k: int) -> list[dict]:

@@ -29,18 +29,21 @@ def vocab_settings(ev: EvalConfig, drafter_name: str, device, timed: bool = True
 
 
 def summarize(records: list[dict], names: list[str], target, drafter, dc: DecodeConfig, round_metrics=None,
-              mode: str = "online", timed: dict | None = None, batch_size: int | None = None) -> dict:
+              mode: str = "online", timed: dict | None = None, batch_size: int | None = None,
+              references_source: dict | None = None) -> dict:
     """summary.json. `mode`: "online" (decoded by the engine) or "replay" (eval/replay.py: no timing fields,
     near-tie counts instead). τ comes with its 95% bootstrap CI over prompts, per benchmark and macro; the speedup
     too, over the timed prompts. `timed`: {"samples": eval.timed_samples, "seed": seed} of a run that times a subset
     (eval/shards.py), None when it times every prompt. `batch_size`: the rows an online run decoded side by side
-    (eval.batch_size; its speedups are throughput ratios at that batch); replay's τ is the same at every batch."""
+    (eval.batch_size; its speedups are throughput ratios at that batch); replay's τ is the same at every batch.
+    `references_source`: a replay's reference engine (eval/references.py `reference_source`)."""
     header = {
         "target": target.name, "drafter": drafter.name if drafter is not None else "none", "mode": mode,
         "decoding": {"temperature": dc.temperature, "protocol": dc.protocol},
         "max_new_tokens": dc.max_new_tokens, "num_draft_tokens": drafts_per_round(drafter, dc),
         "target_dtype": str(target.dtype).removeprefix("torch."), "machine": describe(target.device),
         **({"timed": timed} if timed is not None else {}),
+        **({"references_source": references_source} if references_source is not None else {}),
         **({"batch_size": batch_size} if batch_size is not None else {}),
     }
     return summarize_records(records, names, header, round_metrics)
@@ -49,6 +52,7 @@ def summarize(records: list[dict], names: list[str], target, drafter, dc: Decode
 SUMMARY_HEADER = ("target", "drafter", "mode", "decoding", "max_new_tokens", "num_draft_tokens")
 MACHINE_HEADER = ("target_dtype", "machine")    # where it ran; absent from summaries made before they were recorded
 BATCH_HEADER = ("batch_size",)                   # online runs: the rows decoded side by side (absent before: 1)
+REFERENCES_HEADER = ("references_source",)       # replays: the engine that decoded the references (absent before)
 
 
 def summarize_records(records: list[dict], names: list[str], header: dict, round_metrics=None) -> dict:
@@ -75,7 +79,7 @@ def summarize_records(records: list[dict], names: list[str], header: dict, round
     if mode == "replay":
         for key in metrics.TIMING_KEYS:
             macro.pop(key, None)
-    head = {key: header[key] for key in (*SUMMARY_HEADER, *MACHINE_HEADER, *BATCH_HEADER)
+    head = {key: header[key] for key in (*SUMMARY_HEADER, *MACHINE_HEADER, *BATCH_HEADER, *REFERENCES_HEADER)
             if key in header}
     if mode != "replay" and header.get("timed") is not None:
         head["timed"] = {**header["timed"], "ids": {n: metrics.timed_ids(rs) for n, rs in by_bench.items()}}

@@ -23,7 +23,10 @@ def summary_markdown(summary: dict) -> str:
     replay = summary.get("mode") == "replay"
     m = summary["macro"]
     if replay:
-        head = (f"**{summary['drafter']}** on **{summary['target']}**, replayed on the target's greedy references "
+        src = summary.get("references_source") or {"name": "specexp"}
+        by = (f" decoded by {src.get('distribution', src['name'])} {src.get('version', '')} in {src.get('dtype')}"
+              if src["name"] != "specexp" else "")
+        head = (f"**{summary['drafter']}** on **{summary['target']}**, replayed on the target's greedy references{by} "
                 f"(τ includes the bonus token; 95% CI: bootstrap over prompts; near-tie rounds: a target top-2 logit "
                 f"gap below the threshold among the verified positions)\n\n")
         rows = ["| benchmark | samples | turns | τ | τ 95% CI | rounds | near-tie rounds | TF argmax ≠ ref |",
