@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 import specexp
-from specexp.eval import serve_check
+from specexp.eval import serve_check, vllm_side
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVE_PYTHON = ROOT / ".venv-serve" / "bin" / "python"
@@ -60,7 +60,7 @@ def test_vllm_serves_the_mini_exports_as_specexp_runs_them(tmp_path):
     spec["runs"] = [{"name": "eagle3", "speculative_config": {"method": "eagle3", "model": str(drifted),
                                                               "num_speculative_tokens": k}}]
     (tmp_path / "drift").mkdir()
-    got = serve_check.run_vllm(str(SERVE_PYTHON), spec, tmp_path / "drift", 1800)["runs"][0]
+    got = vllm_side.run_vllm(str(SERVE_PYTHON), spec, tmp_path / "drift", 1800)["runs"][0]
     ours = rows["eagle3"]["specexp_records"]
     prompts = [(SimpleNamespace(id=r["id"], benchmark=r["benchmark"]), []) for r in ours]
     vllm_ar = [p["output_ids"] for p in json.loads((run_dir / "vllm_out.json").read_text())["runs"][0]["prompts"]]
