@@ -1,5 +1,7 @@
 """Test-only drafters and a toy target (the engine talks to them through the same protocols)."""
 import argparse
+import subprocess
+from pathlib import Path
 
 import torch
 
@@ -287,3 +289,16 @@ def release_head_dir(tmp_path, vocab, hidden, mode="low_rank", projected=False, 
     torch.save({"counts": counts, "p": counts.double() / counts.sum(), "total_target_tokens": counts.sum(),
                 "metadata": {"tokenizer": "x", "loss_mask": True}}, d / dels.RELEASE_PRIOR)
     return d, sd, counts
+
+
+# The serving lane's side environment (bash scripts/install.sh serve): vLLM's CPU build.
+SERVE_PYTHON = Path(__file__).resolve().parents[1] / ".venv-serve" / "bin" / "python"
+
+
+def vllm_missing() -> str | None:
+    """Why the tests that run vLLM itself cannot run here (one line), or None."""
+    if not SERVE_PYTHON.is_file():
+        return f"vLLM's CPU build is not installed ({SERVE_PYTHON} is missing; bash scripts/install.sh serve makes it)"
+    r = subprocess.run([str(SERVE_PYTHON), "-c", "import vllm"], capture_output=True, text=True, timeout=300)
+    last = (r.stderr.strip().splitlines() or [""])[-1]
+    return None if r.returncode == 0 else f"{SERVE_PYTHON} cannot import vllm: {last}"

@@ -14,7 +14,7 @@ ABOVE = ("specexp.eval", "specexp.training", "specexp.registry", "specexp.cli", 
 # Floors, bottom first: a folder (or flat module) imports only its own floor and those below it.
 LAYERS = [
     ("errors", "schema", "files", "paths", "pins", "clock", "log", "machine", "overrides", "checkpoints",
-     "benchmarks", "tracking"),
+     "benchmarks", "tracking", "calibration"),
     ("kernels",),
     ("targets", "drafters"),
     ("decoding",),

@@ -434,7 +434,7 @@ class PlanConfig(Settings):
         # config.validate (`whole` given): the calibration file is read and checked now, a missing or damaged one
         # refused before the benchmarks are read or a target is built
         if whole and mine.get("calibration") is not None:
-            from .eval.plan import read_calibration
+            from .calibration import read_calibration
 
             read_calibration(mine["calibration"])
 

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from specexp.benchmarks import Sample
+from specexp.calibration import calibration_fault, read_calibration
 from specexp.errors import UserError
 from specexp.eval import plan
 
@@ -91,10 +92,10 @@ def test_a_file_that_is_not_a_calibration_is_refused(tmp_path):
     bad = tmp_path / "c.json"
     bad.write_text(json.dumps({"version": 1, "ar_step_ms": {}}))
     with pytest.raises(UserError, match="not a calibration file"):
-        plan.read_calibration(bad)
+        read_calibration(bad)
     bad.write_text("{")
     with pytest.raises(UserError, match="not a calibration file"):
-        plan.read_calibration(bad)
+        read_calibration(bad)
 
 
 def _damaged(change):
@@ -154,7 +155,7 @@ def test_a_damaged_calibration_is_refused_by_the_field_before_any_work(cfg_facto
         run_task(cfg_factory(*over), str(tmp_path / "run"), job={"choices": {}, "overrides": over})
     assert str(e.value).startswith(f"plan.calibration={str(f)!r} is not a calibration file: ") and why in str(e.value)
     assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
-    assert plan.calibration_fault(_damaged(lambda cal: None)) is None          # the same file, undamaged, reads
+    assert calibration_fault(_damaged(lambda cal: None)) is None          # the same file, undamaged, reads
 
 
 def test_a_missing_calibration_is_refused_by_validate(cfg_factory):

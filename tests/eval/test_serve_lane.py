@@ -6,31 +6,19 @@ where vLLM is not installed."""
 import json
 import os
 import shutil
-import subprocess
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 import specexp
+from helpers import SERVE_PYTHON, vllm_missing
 from specexp.eval import serve_check, vllm_side
-
-ROOT = Path(__file__).resolve().parents[2]
-SERVE_PYTHON = ROOT / ".venv-serve" / "bin" / "python"
-
-
-def _vllm_missing() -> str | None:
-    if not SERVE_PYTHON.is_file():
-        return f"vLLM's CPU build is not installed ({SERVE_PYTHON} is missing; bash scripts/install.sh serve makes it)"
-    r = subprocess.run([str(SERVE_PYTHON), "-c", "import vllm"], capture_output=True, text=True, timeout=300)
-    last = (r.stderr.strip().splitlines() or [""])[-1]
-    return None if r.returncode == 0 else f"{SERVE_PYTHON} cannot import vllm: {last}"
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(bool(os.environ.get("SPECEXP_NO_SERVE_LANE")), reason="SPECEXP_NO_SERVE_LANE is set")
 def test_vllm_serves_the_mini_exports_as_specexp_runs_them(tmp_path):
-    why = _vllm_missing()
+    why = vllm_missing()
     if why is not None:
         pytest.skip(why)
     # fp32: in bf16 vLLM's verify and decode steps break exact ties of the top two logits differently

@@ -7,13 +7,13 @@ mini target and asserts its fp32 references equal specexp's token for token."""
 import json
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 from test_bad_input import SMALL, files_under, run_cli
 
 import specexp
+from helpers import SERVE_PYTHON, vllm_missing
 from specexp.benchmarks import Sample
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.eval import references
@@ -25,8 +25,6 @@ from specexp.eval.references import (
     set_fingerprint,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-SERVE_PYTHON = ROOT / ".venv-serve" / "bin" / "python"
 SAMPLES = [Sample("a", "mt_bench", ["Name a river.", "Now name a second one, and say why."]),
            Sample("b", "gsm8k", ["What is 2+3?"]),
            Sample("c", "mt_bench", ["Write a haiku.", "Shorter.", "Once more, in French."])]
@@ -136,16 +134,10 @@ def test_bad_reference_engine_input_is_one_line_before_any_work(extra, message, 
     assert files_under(work) == {}                    # no reference set, no run directory
 
 
-def _vllm_missing() -> str | None:
-    if not SERVE_PYTHON.is_file():
-        return f"vLLM's CPU build is not installed ({SERVE_PYTHON} is missing; bash scripts/install.sh serve makes it)"
-    r = subprocess.run([str(SERVE_PYTHON), "-c", "import vllm"], capture_output=True, text=True, timeout=300)
-    return None if r.returncode == 0 else f"{SERVE_PYTHON} cannot import vllm"
-
-
+@pytest.mark.slow
 @pytest.mark.skipif(bool(os.environ.get("SPECEXP_NO_SERVE_LANE")), reason="SPECEXP_NO_SERVE_LANE is set")
 def test_vllm_references_equal_specexps_on_the_mini_target_in_fp32(tmp_path):
-    why = _vllm_missing()
+    why = vllm_missing()
     if why is not None:
         pytest.skip(why)
     over = ["target=smollm2_135m", "target.dtype=float32", "target.prepack=false", "benchmark.names=[gsm8k,mt_bench]",
