@@ -295,6 +295,19 @@ def release_head_dir(tmp_path, vocab, hidden, mode="low_rank", projected=False, 
 SERVE_PYTHON = Path(__file__).resolve().parents[1] / ".venv-serve" / "bin" / "python"
 
 
+def serve_python() -> Path:
+    """The side environment's Python for a test that runs vLLM itself; the test is skipped, saying why in one line,
+    where vLLM is not installed or SPECEXP_NO_SERVE_LANE is set."""
+    import os
+
+    import pytest
+
+    why = "SPECEXP_NO_SERVE_LANE is set" if os.environ.get("SPECEXP_NO_SERVE_LANE") else vllm_missing()
+    if why is not None:
+        pytest.skip(why)
+    return SERVE_PYTHON
+
+
 def vllm_missing() -> str | None:
     """Why the tests that run vLLM itself cannot run here (one line), or None."""
     if not SERVE_PYTHON.is_file():

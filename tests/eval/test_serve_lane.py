@@ -4,26 +4,22 @@ specexp's τ on the same prompts (task=serve_check, src/specexp/eval/serve_check
 meaning than vLLM's (docs/export.md) turns this red, as the drifted export below shows. Skipped, with the reason, only
 where vLLM is not installed."""
 import json
-import os
 import shutil
 from types import SimpleNamespace
 
 import pytest
 
 import specexp
-from helpers import SERVE_PYTHON, vllm_missing
+from helpers import serve_python
 from specexp.eval import serve_check, vllm_side
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(bool(os.environ.get("SPECEXP_NO_SERVE_LANE")), reason="SPECEXP_NO_SERVE_LANE is set")
 def test_vllm_serves_the_mini_exports_as_specexp_runs_them(tmp_path):
-    why = vllm_missing()
-    if why is not None:
-        pytest.skip(why)
+    side = serve_python()
     # fp32: in bf16 vLLM's verify and decode steps break exact ties of the top two logits differently
     over = ["target=smollm2_135m", "target.dtype=float32", "target.prepack=false", "benchmark=gsm8k",
-            "eval.num_samples=4", "eval.max_new_tokens=32", "logger=none", f"serve_check.python={SERVE_PYTHON}",
+            "eval.num_samples=4", "eval.max_new_tokens=32", "logger=none", f"serve_check.python={side}",
             "serve_check.strict=false"]
     result = specexp.run("serve_check", over, tmp_path / "run")
     md = (tmp_path / "run" / "serve_check.md").read_text()
@@ -48,7 +44,7 @@ def test_vllm_serves_the_mini_exports_as_specexp_runs_them(tmp_path):
     spec["runs"] = [{"name": "eagle3", "speculative_config": {"method": "eagle3", "model": str(drifted),
                                                               "num_speculative_tokens": k}}]
     (tmp_path / "drift").mkdir()
-    got = vllm_side.run_vllm(str(SERVE_PYTHON), spec, tmp_path / "drift", 1800)["runs"][0]
+    got = vllm_side.run_vllm(str(side), spec, tmp_path / "drift", 1800)["runs"][0]
     ours = rows["eagle3"]["specexp_records"]
     prompts = [(SimpleNamespace(id=r["id"], benchmark=r["benchmark"]), []) for r in ours]
     vllm_ar = [p["output_ids"] for p in json.loads((run_dir / "vllm_out.json").read_text())["runs"][0]["prompts"]]

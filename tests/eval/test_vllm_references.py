@@ -5,7 +5,6 @@ refused in one line before any work. Without vLLM, a stand-in side process (spec
 `run_vllm`'s interface) checks the plumbing; with `.venv-serve` installed, the last test runs vLLM itself on the
 mini target and asserts its fp32 references equal specexp's token for token."""
 import json
-import os
 import re
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 from test_bad_input import SMALL, files_under, run_cli
 
 import specexp
-from helpers import SERVE_PYTHON, vllm_missing
+from helpers import serve_python
 from specexp.benchmarks import Sample
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.eval import references
@@ -135,16 +134,13 @@ def test_bad_reference_engine_input_is_one_line_before_any_work(extra, message, 
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(bool(os.environ.get("SPECEXP_NO_SERVE_LANE")), reason="SPECEXP_NO_SERVE_LANE is set")
 def test_vllm_references_equal_specexps_on_the_mini_target_in_fp32(tmp_path):
-    why = vllm_missing()
-    if why is not None:
-        pytest.skip(why)
+    side = serve_python()
     over = ["target=smollm2_135m", "target.dtype=float32", "target.prepack=false", "benchmark.names=[gsm8k,mt_bench]",
             "eval.num_samples=2", "eval.max_new_tokens=24", "logger=none", "replay.references_only=true",
             f"replay.cache_dir={tmp_path / 'refs'}", f"replay.tap_cache_dir={tmp_path / 'taps'}"]
     specexp.run("replay", over, tmp_path / "ours")
-    specexp.run("replay", [*over, "replay.reference_engine=vllm", f"replay.vllm_python={SERVE_PYTHON}"],
+    specexp.run("replay", [*over, "replay.reference_engine=vllm", f"replay.vllm_python={side}"],
                 tmp_path / "theirs")
     sets = {}
     for d in (tmp_path / "refs").iterdir():
