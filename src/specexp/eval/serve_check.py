@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from .. import log, registry
-from ..config import SERVED, Config
+from ..config import Config
 from ..decoding.engine import generate
 from ..decoding.settings import DecodeConfig, check_fits
 from ..errors import CheckFailed, check
@@ -83,7 +83,7 @@ def decode_ours(target, drafter, prompts, dc: DecodeConfig, name: str) -> tuple[
     return recs, outs
 
 
-def export_for_vllm(cfg, typed: Config, name: str, out: Path) -> str:
+def export_for_vllm(cfg, name: str, out: Path) -> str:
     """`task=export drafter=<name> export.format=vllm export.out=<out>` in this process (its checks and contract
     included), with the drafter's default checkpoint for the target."""
     from omegaconf import OmegaConf, open_dict
@@ -188,8 +188,6 @@ def run_serve_check(cfg, out_dir, typed: Config | None = None) -> dict:
     t, sc = sel.typed, sel.typed.serve_check
     check(sc is not None, "the serve_check group is missing: run task=serve_check, which composes it")
     python = side_python(sc.python)
-    check(all(d in SERVED for d in sc.drafters), f"serve_check.drafters={list(sc.drafters)}: vLLM serves "
-                                                 f"{', '.join(SERVED)}")
     with claimed_for(out_dir, "serve_check") as d:
         target = registry.build_target(t.target, sel.device)
         prompts = []
@@ -212,7 +210,7 @@ def run_serve_check(cfg, out_dir, typed: Config | None = None) -> dict:
                 group.checkpoint = str(given[name])
             drafter = registry.build_drafter(group, target)
             ours[name], _ = decode_ours(target, drafter, prompts, dc, name)
-            export = str(given[name]) if name in given else export_for_vllm(cfg, t, name, d / "exports" / name)
+            export = str(given[name]) if name in given else export_for_vllm(cfg, name, d / "exports" / name)
             runs.append({"name": name, "speculative_config": {"method": METHOD[name], "model": export,
                                                               "num_speculative_tokens": sc.num_drafts}})
         dtype = str(target.dtype).removeprefix("torch.")
