@@ -356,3 +356,46 @@ def test_auto_resolves_dtype_packing_cap_and_engine_per_cpu(monkeypatch, flags, 
     want = settings.CPU_BF16_MAX_DRAFTS if cap == "bf16" else settings.CPU_FP32_MAX_DRAFTS
     assert settings.max_drafts("auto", cpu, dtype) == want
     assert targets.resolve_engine("auto", cpu) == "static"
+
+
+@pytest.mark.parametrize("plan", [None, "mkl", "onednn", "mixed"])
+def test_joined_qkv_and_gate_up_products_are_the_separate_ones_bit_for_bit(cfg_factory, plan):
+    """The static engine's joined q/k/v and gate/up products (cpu_linear.Joined) on a packed target: logits and taps
+    of a prefill and of blocks of every bucket, and of a batched step, equal the separate products' bit for bit
+    (bf16: oneDNN; fp32: each forced plan), and a weight rewritten after packing is served by the parts."""
+    if plan is None and not cpu_linear.available():
+        pytest.skip("this CPU / torch cannot pack bf16 for oneDNN")
+    if plan is not None and not (cpu_linear.available(torch.float32) and cpu_linear._has_mkl()):
+        pytest.skip("this torch cannot pack fp32 weights (oneDNN and MKL)")
+    if plan is None:
+        _, t = _target(cfg_factory, "auto", "target.engine=static")
+    else:
+        _, t = _fp32(cfg_factory, "static", plan)
+    joins = t.joins()
+    assert all(q is not None and g is not None for q, g in joins)
+    ids = torch.randint(5, 1000, (2, 40), generator=torch.Generator().manual_seed(2))
+
+    def run():
+        with torch.inference_mode():
+            cache, start = t.new_cache(64), 7
+            out = [t.forward(ids[:1, :7], 0, cache, taps=(0, 1))]
+            for n in (1, 3, 5, 8, 16):
+                out.append(t.forward(ids[:1, start:start + n], start, cache, taps=(0, 1)))
+                start += n
+            rows = t.new_rows_cache(2, 64)
+            rows.lengths = [0, 0]
+            out.append(t.forward_rows(ids[:, :9], rows, taps=(1,)))
+            rows.lengths = [9, 9]
+            out.append(t.forward_rows(ids[:, 9:10], rows, taps=(1,)))
+        return out
+
+    joined = run()
+    t._joins = (t._joins[0], [(None, None)] * len(joins))              # the separate products, same packed layers
+    for (a, ha), (b, hb) in zip(joined, run()):
+        assert torch.equal(a, b) and torch.equal(ha, hb)
+    q = t.model.model.layers[0].self_attn.q_proj
+    with torch.no_grad():
+        q.weight.mul_(2.0)                           # written after packing: the joined copy is stale, parts serve
+    x = torch.randn(1, 1, q.in_features, dtype=q.weight.dtype)
+    with torch.inference_mode():
+        assert torch.equal(joins[0][0](x)[..., :q.out_features], q(x))

@@ -5,9 +5,11 @@ meaning than vLLM's (docs/export.md) turns this red, as the drifted export below
 where vLLM is not installed."""
 import json
 import shutil
+import sys
 from types import SimpleNamespace
 
 import pytest
+from conftest import ROOT
 
 import specexp
 from helpers import serve_python
@@ -50,3 +52,17 @@ def test_vllm_serves_the_mini_exports_as_specexp_runs_them(tmp_path):
     vllm_ar = [p["output_ids"] for p in json.loads((run_dir / "vllm_out.json").read_text())["runs"][0]["prompts"]]
     row = serve_check.compare_drafter("eagle3", got, ours, prompts, vllm_ar, vllm_ar, k)
     assert row["identical_to_vllm_ar"] == 4 and not row["agrees"] and row["delta_ci95"][1] < 0, row
+    # A warm engine (vllm_runner.py --serve, what experiments/bench_serving.py times): ready once, then each request
+    # line answered with the same greedy output as the one-shot run, and a 1-token request (the prefill's timing).
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from bench_serving import VllmWorker
+
+    spec["runs"] = [{"name": "ar", "speculative_config": None}]
+    worker = VllmWorker(str(side), spec, tmp_path / "warm", "ar")
+    try:
+        assert worker.ready["ready"] and worker.ready["startup_s"] > 0
+        got = worker.generate(spec["prompts"][:2])
+        assert [r["output_ids"] for r in got] == vllm_ar[:2] and all(r["wall_s"] > 0 for r in got)
+        assert [len(r["output_ids"]) for r in worker.generate(spec["prompts"][:2], 1)] == [1, 1]
+    finally:
+        worker.close()

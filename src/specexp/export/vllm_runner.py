@@ -6,6 +6,7 @@ and specexp compares vLLM's outputs and acceptance with its own. It runs in the 
 library, so it never sees specexp's code or package versions:
 
     .venv-serve/bin/python src/specexp/export/vllm_runner.py SPEC.json OUT.json
+    .venv-serve/bin/python src/specexp/export/vllm_runner.py --serve SPEC.json     (a warm engine: `serve`)
 
 (task=serve_check runs it so, by file path: it is never imported as part of specexp.)
 
@@ -243,7 +244,58 @@ def run_one(spec: dict, run: dict) -> dict:
     return out
 
 
+def serve(spec: dict, reply) -> int:
+    """`--serve`: build the LLM of SPEC's one run, write `{"ready": true, "startup_s", "warmup_s"}` as one JSON line to
+    `reply`, then for each JSON line read from stdin (`{"prompts": [[ids], ...], "max_tokens": null | N}`) generate
+    every prompt on its own (greedy, SPEC's sampling settings, N new tokens at most if given) and write one JSON line
+    `{"prompts": [{"output_ids", "wall_s", counters}]}`; at the end of stdin shut the engine down. A benchmark keeps
+    the engine warm between its turns this way, so vLLM and specexp can take turns on the same prompts
+    (experiments/bench_serving.py)."""
+    run = spec["runs"][0]
+    eager = bool(run.get("enforce_eager", spec.get("enforce_eager", True)))
+    kwargs = dict(model=spec["model"], dtype=run.get("dtype", spec.get("dtype", "bfloat16")),
+                  max_model_len=int(spec.get("max_model_len", 1024)), enforce_eager=eager,
+                  speculative_config=run.get("speculative_config"), seed=0, trust_remote_code=False,
+                  disable_log_stats=False)
+    kwargs.update(spec.get("llm_kwargs") or {})
+    kwargs.update(run.get("llm_kwargs") or {})
+    params = SamplingParams(temperature=0.0, max_tokens=int(spec.get("max_new_tokens", 64)),
+                            ignore_eos=bool(spec.get("ignore_eos", False)),
+                            stop_token_ids=list(spec.get("stop_token_ids") or []) or None)
+    t0 = time.perf_counter()
+    llm = LLM(**kwargs)
+    ready = {"ready": True, "startup_s": round(time.perf_counter() - t0, 3), "vllm_version": vllm.__version__}
+    t = time.perf_counter()
+    for ids in spec["prompts"][:1]:                 # one-off costs off the timed turns
+        llm.generate([{"prompt_token_ids": list(ids)}], params, use_tqdm=False)
+    ready["warmup_s"] = round(time.perf_counter() - t, 3)
+    print(json.dumps(ready), file=reply, flush=True)
+    for line in sys.stdin:
+        rows, request = [], json.loads(line)
+        p = params
+        if request.get("max_tokens"):
+            p = SamplingParams(temperature=0.0, max_tokens=int(request["max_tokens"]), ignore_eos=params.ignore_eos,
+                               stop_token_ids=params.stop_token_ids)
+        for ids in request["prompts"]:
+            before = counters(llm)
+            t = time.perf_counter()
+            result = llm.generate([{"prompt_token_ids": list(ids)}], p, use_tqdm=False)[0].outputs[0]
+            wall = time.perf_counter() - t
+            rows.append({"output_ids": list(result.token_ids), "wall_s": round(wall, 5),
+                         **difference(counters(llm), before)})
+        print(json.dumps({"prompts": rows}), file=reply, flush=True)
+    shut_down(llm)
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[1] == "--serve":
+        with open(argv[2]) as f:
+            spec = json.load(f)
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+        reply = os.fdopen(os.dup(1), "w")       # the replies' own channel: whatever vLLM prints goes to stderr
+        os.dup2(2, 1)
+        return serve(spec, reply)
     if len(argv) != 3:
         print("usage: vllm_runner.py SPEC.json OUT.json (the SPEC format: this file's docstring)", file=sys.stderr)
         return 1

@@ -327,6 +327,63 @@ def _attach(m: torch.nn.Linear, kind: str, forward) -> None:
     m.forward = types.MethodType(forward, m)
 
 
+class Joined:
+    """Linear layers that read the same input (q/k/v, gate/up), packed as one product whose output columns are
+    theirs side by side: `Joined(parts)(x) == torch.cat([p(x) for p in parts], -1)`. One product instead of
+    several saves the per-call cost of a small GEMM (a 1-row step of the mini target: 7 products a layer become 4).
+
+    Each output column is its own dot product over the same input, computed by the same kernel the parts use (bf16:
+    oneDNN's packed product; fp32: the plan's kind at each row bucket, packed for the joined shape), so the columns
+    are the parts' bit for bit where the kernel's sum order does not depend on the number of columns
+    (tests/test_cpu_linear.py checks logits and greedy tokens on both dtypes). Built only from parts that `pack`
+    packed alike and without bias (`join` says None otherwise); whatever a part would not serve from its packed
+    copy (grad mode, another dtype, a strided input, a weight written since it was packed, an fp32 bucket whose
+    kind is plain) runs the parts' own forwards and concatenates them. Costs one more packed copy of the parts'
+    weights in bf16, and in fp32 the joined weight and its packs (the parts keep theirs: the HF-eager engine and
+    the drafters call them)."""
+
+    def __init__(self, parts: list, bf16: torch.Tensor | None = None, fp32: torch.nn.Linear | None = None):
+        self.parts, self.bf16, self.fp32 = parts, bf16, fp32
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() or not x.is_contiguous() or any(_stale(p) for p in self.parts):
+            return torch.cat([p(x) for p in self.parts], -1)
+        if self.bf16 is not None and x.dtype is torch.bfloat16:
+            return torch.ops.mkldnn._linear_pointwise(x, self.bf16, None, "none", [], "")
+        m = x.numel() // x.shape[-1] if x.dim() else 0
+        if (self.fp32 is None or x.dtype is not torch.float32 or m == 0 or m > ROWS[-1]
+                or self.fp32.plan[_BUCKET[m]] == "plain"):
+            return torch.cat([p(x) for p in self.parts], -1)
+        return _forward_fp32(self.fp32, x)
+
+
+def join(parts: list) -> Joined | None:
+    """`parts` as one packed product (`Joined`), or None where they are not packed alike (unpacked, a bias, other
+    kinds or plans, another input width or dtype) or the joined copy would not fit in half the free memory."""
+    kinds = {vars(p).get("packed_kind") for p in parts}
+    if (len(parts) < 2 or kinds not in ({"bf16"}, {"fp32"}) or any(p.bias is not None for p in parts)
+            or len({(p.in_features, p.weight.dtype) for p in parts}) != 1
+            or len({json.dumps(vars(p).get("plan"), sort_keys=True) for p in parts}) != 1):
+        return None
+    bf16 = kinds == {"bf16"}
+    size = sum(p.weight.numel() for p in parts) * parts[0].weight.element_size()
+    if size * (1 if bf16 else 1 + len(ROWS)) > _free_bytes() // 2:
+        return None
+    with torch.no_grad():
+        w = torch.cat([p.weight.detach() for p in parts])                                   # [sum(N), K]
+        if bf16:                                   # only the packed copy: the parts serve every other case
+            return Joined(parts, bf16=_pack_one("onednn", w))
+        lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)      # fp32: the plan's products need the weight
+        lin.weight = torch.nn.Parameter(w, requires_grad=False)
+        plan = parts[0].plan
+        if "onednn" in plan.values():
+            vars(lin)["packed_weight"] = _pack_one("onednn", w)
+        vars(lin)["mkl_packs"] = {b: _pack_one("mkl", w, b) for b, k in plan.items() if k == "mkl"}
+        vars(lin)["plan"] = dict(plan)
+        vars(lin)["packed_version"] = None
+    return Joined(parts, fp32=lin)
+
+
 def is_packed(model: torch.nn.Module) -> bool:
     """Whether `pack` packed any layer of `model`."""
     return any("packed_kind" in vars(m) for m in model.modules())
