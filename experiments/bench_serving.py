@@ -14,8 +14,10 @@ timing (startup and warm-up recorded, not timed). Then `--repeats` turns: in eac
 prompt, contenders in a rotated order, so a change of load falls on all of them. Reported per contender: the
 median over turns of the summed wall time, tokens/s, the prefill alone (a 1-token generation, median of the
 turns) and the decode time per token after it, τ (specexp: tokens per verification; vLLM: 1 + accepted / drafts),
-outputs equal to specexp AR's token for token; and the ratios specexp / vLLM as geometric means over prompts with a
-bootstrap 95 % CI (each prompt's time its median over turns; paired: the same prompts).
+outputs equal to specexp AR's token for token; the memory floor of an AR step (the bytes it must read over the
+machine's read bandwidth) and each AR contender's decode time per token against it; and the ratios specexp /
+vLLM as geometric means over prompts with a bootstrap 95 % CI (each prompt's time its median over turns; paired:
+the same prompts).
 
     python experiments/bench_serving.py --dtype bfloat16 --prompts 5 --tokens 64 --repeats 3 \\
         --out experiments/results/serving/$(date +%F)-bf16
@@ -41,6 +43,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 
+import engine_measure as em  # noqa: E402
 import torch  # noqa: E402
 from bench_engine import geo_ci  # noqa: E402
 
@@ -190,6 +193,12 @@ def main() -> None:
         print(f"turn {turn + 1}/{args.repeats} done", file=sys.stderr, flush=True)
     for w in workers:
         w.close()
+    # The memory floor of an AR step: the bytes a step must read (the weights, a tied embedding once as the lm_head,
+    # and the KV cache at the mean decoding context) over the machine's read bandwidth.
+    bandwidth = em.read_bandwidth()
+    context = round(statistics.fmean(len(ids) + args.tokens / 2 for ids in prompts))
+    step_bytes = em.weight_bytes(target.model) + em.kv_bytes(target.config, context, target.dtype)
+    floor_ms = 1000 * step_bytes / (bandwidth * 1e9)
 
     ref = outputs["specexp AR"]
     n_tok = {c: sum(len(o) for o in outputs[c]) for c in contenders}
@@ -205,6 +214,10 @@ def main() -> None:
                      "per_prompt_median_s": [statistics.median(t) for t in times[c]],
                      "per_turn_s": [round(sum(t[r] for t in times[c]), 4) for r in range(args.repeats)]})
     by = {r["contender"]: r for r in rows}
+    floor = {"read_bandwidth_gb_s": round(bandwidth, 2), "step_mb": round(step_bytes / 1e6, 1), "context": context,
+             "floor_ms": round(floor_ms, 2),
+             "ar_decode_over_floor": {c: round(by[c]["decode_ms_per_token"] / floor_ms, 2) for c in contenders
+                                      if " AR" in c}}
     ratios = []
     for ours_name in [c for c in contenders if c.startswith("specexp")]:
         for theirs in [c for c in contenders if c.startswith("vLLM")]:
@@ -225,7 +238,7 @@ def main() -> None:
                "vllm": next(iter(ready.values()), {}).get("vllm_version"), "vllm_ready": ready,
                "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine, "rows": rows, "ratios": ratios,
-              "prompt_ids": prompts}
+              "memory_floor": floor, "prompt_ids": prompts}
     lines = [f"# specexp beside vLLM {machine['vllm']} on one CPU: {args.target}, {args.dtype}, batch 1, "
              f"{len(prompts)} {args.benchmark} {args.split}-split prompts x {args.tokens} new tokens, "
              f"{args.repeats} turns" + (" (BUSY machine)" if busy else ""), "",
@@ -243,6 +256,10 @@ def main() -> None:
               "| specexp | vLLM | ratio [95% CI] |", "|---|---|---|"]
     lines += [f"| {r['specexp']} | {r['vllm']} | {r['speed_ratio']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] |"
               for r in ratios]
+    lines += ["", f"Memory floor of an AR step: {floor['step_mb']} MB read (weights, a tied embedding once, and the KV "
+              f"cache at {context} positions) at {floor['read_bandwidth_gb_s']} GB/s (median of 7 sums of a 512 MiB "
+              f"tensor) = {floor['floor_ms']} ms; AR decode ms/token over it: "
+              + ", ".join(f"{c} {x}×" for c, x in floor["ar_decode_over_floor"].items()) + "."]
     lines += ["", "vLLM engines (built before the timing): " + "; ".join(
         f"{k}: startup {v.get('startup_s')} s, warm-up {v.get('warmup_s')} s" for k, v in ready.items()), ""]
     md = "\n".join(lines)

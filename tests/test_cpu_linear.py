@@ -249,6 +249,7 @@ def test_fp32_grad_mode_strided_input_and_a_rewritten_weight_take_the_modules_ow
 
 @needs_fp32
 def test_the_fp32_plan_is_measured_once_per_machine_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setattr(cpu_linear, "_load", lambda: 0.0)                  # an idle machine (the busy case: below)
     weights = [torch.randn(96, 64), torch.randn(64, 96)]
     plan = cpu_linear.fp32_plan(weights, tmp_path)
     assert set(plan) == set(cpu_linear.ROWS) and set(plan.values()) <= set(cpu_linear.KINDS)
@@ -264,6 +265,26 @@ def test_the_fp32_plan_is_measured_once_per_machine_and_cached(tmp_path, monkeyp
     other = "SSE41" if os.environ.get("ONEDNN_MAX_CPU_ISA") == "AVX2" else "AVX2"     # (a run already limited)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", other)                         # another ISA limit: another file
     assert cpu_linear.plan_file(tmp_path) != here
+
+
+@needs_fp32
+def test_a_plan_measured_busy_is_used_and_measured_again_once_idle(tmp_path, monkeypatch):
+    weights = [torch.randn(96, 64), torch.randn(64, 96)]
+    busy = 2.0 * (os.cpu_count() or 1)
+    monkeypatch.setattr(cpu_linear, "_load", lambda: busy)
+    plan = cpu_linear.fp32_plan(weights, tmp_path)
+    entry = next(iter(json.loads(cpu_linear.plan_file(tmp_path).read_text())["models"].values()))
+    assert entry["busy"] is True and entry["load"] == busy
+    real = cpu_linear.measure
+    monkeypatch.setattr(cpu_linear, "measure", lambda *a, **k: pytest.fail("measured again while still busy"))
+    assert cpu_linear.fp32_plan(weights, tmp_path) == plan                  # still busy: the stored plan serves
+    calls = []
+    monkeypatch.setattr(cpu_linear, "measure", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(cpu_linear, "_load", lambda: 0.0)
+    cpu_linear.fp32_plan(weights, tmp_path)                                 # idle now: measured again, once
+    cpu_linear.fp32_plan(weights, tmp_path)
+    entry = next(iter(json.loads(cpu_linear.plan_file(tmp_path).read_text())["models"].values()))
+    assert calls == [1] and entry["busy"] is False
 
 
 def _with_kinds(kind):
