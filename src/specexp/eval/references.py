@@ -38,6 +38,18 @@ from .vllm_side import model_dir, run_vllm, vllm_version
 FORMAT_VERSION = 1
 
 
+def _reference(line: bytes) -> dict | None:
+    """One line of references.jsonl as a reference record, or None when it is not one (torn, corrupt)."""
+    try:
+        r = json.loads(line)
+    except ValueError:                                  # JSONDecodeError and UnicodeDecodeError
+        return None
+    ok = isinstance(r, dict) and isinstance(r.get("key"), str) and isinstance(r.get("turns"), list) and all(
+        isinstance(t, dict) and isinstance(t.get("prompt_sha256"), str) and isinstance(t.get("tokens"), list)
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in t["tokens"]) for t in r["turns"])
+    return r if ok else None
+
+
 def _sha(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
@@ -100,15 +112,19 @@ class ReferenceStore:
                                                           "source": self.source}, indent=1) + "\n")
         self.refs: dict[str, dict] = {}
         if self.file.exists():
-            lines = self.file.read_text().splitlines()
+            data = self.file.read_bytes()
+            lines = data.splitlines()
             for i, line in enumerate(lines):
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError:
-                    check(i == len(lines) - 1, f"{self.file} line {i + 1} is corrupt; move the file away")
-                    self._rewrite()
+                r = _reference(line)
+                if r is None:
+                    check(i == len(lines) - 1, f"{self.file} line {i + 1} is corrupt (not a reference record); move "
+                                               f"the file away (its references are then decoded again)")
+                    log.LOG.warning(f"{self.file} ends in a torn line (line {i + 1}: a run stopped while writing it); "
+                                    f"it is dropped and its sample decoded again")
                     break
                 self.refs[r["key"]] = r
+            if data and (len(self.refs) < len(lines) or not data.endswith(b"\n")):
+                self._rewrite()           # every line whole and terminated before the next append
 
     @property
     def source(self) -> dict:
