@@ -594,6 +594,9 @@ CASES = [
 
     # issue #59, probed: an export that pairs a drafter with a target it does not fit is refused (the card and the
     # serving commands would name that target), when the target's shape is known without loading it
+    case("export_checkpoint_is_a_file", [*EXPORT, "drafter.checkpoint=TMP/a_file"],
+         "drafter.checkpoint='TMP/a_file' is a file; expected a checkpoint directory (holding config.json and the "
+         "weights)", file_at("a_file", "")),
     case("export_checkpoint_of_another_width", [*EXPORT, "drafter.checkpoint=TMP/wide"],
          "drafter.checkpoint='TMP/wide': hidden_size 32 does not fit target tiny_qwen3 (hidden 64)",
          dflash_of_width("wide", 32)),
