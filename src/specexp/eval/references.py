@@ -7,7 +7,8 @@ each next user turn follows the target's own decoded previous answer.
 
 Store (`ReferenceStore`): a directory `<root>/<fingerprint>/` with
   manifest.json     what the references depend on (see `set_fingerprint`) and its hash, the directory's name
-  references.jsonl  one line per sample, appended as each finishes (a rerun resumes; a torn last line is dropped):
+  references.jsonl  one line per sample, appended as each finishes (a rerun resumes; a torn last line is dropped,
+                    saying so, and its sample decoded again; any other line that is not a reference is refused):
                     {"benchmark", "id", "key", "turns": [{"prompt_len", "prompt_sha256", "tokens", "stop_reason"}]}
 `key` hashes the sample's user turns, so an edited prompt file never reuses a stale reference.
 References may instead come from vLLM (`replay.reference_engine=vllm`, `VllmReferences`): the same prompt ids, budget

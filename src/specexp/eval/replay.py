@@ -96,7 +96,8 @@ def _wider_tap_file(path: Path, taps) -> tuple[Path, torch.Tensor] | None:
 
 
 def cached_teacher_forced(target, prompt, ref, taps, path: Path | None) -> dict:
-    """`teacher_forced`, read from / written to `path` (safetensors) when given."""
+    """`teacher_forced`, read from / written to `path` (safetensors) when given; a cached file that is damaged or
+    holds another turn's shapes is said in one warning line and computed again (the cache is never trusted)."""
     from safetensors.torch import load_file, save_file
 
     def read(file: Path, cols=None) -> dict | None:
