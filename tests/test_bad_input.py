@@ -228,6 +228,28 @@ def evil_dels_head(tmp, bad, mp):
     torch.save({"counts": torch.ones(4)}, tmp / "release" / "loss_mask_unigram.pt")
 
 
+def dflash_of_width(rel, hidden):
+    """TMP/rel: a DFlash checkpoint for a target of width `hidden` and 36 layers (not tiny_qwen3's 64 and 4)."""
+    def setup(tmp, bad, mp):
+        from specexp.drafters.dflash import DFlashConfig, DFlashDraftModel
+        from specexp.drafters.layers import init_weights
+
+        dc = DFlashConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=151936, block_size=8,
+                          num_target_layers=36, target_layer_ids=[1, 17, 33], mask_token_id=151669)
+        init_weights(DFlashDraftModel(dc), 0).save_pretrained(tmp / rel)
+    return setup
+
+
+def domino_head_of_width(rel, hidden):
+    def setup(tmp, bad, mp):
+        from specexp.drafters import domino
+
+        c = domino.DominoConfig(hidden, 151936, gru_hidden=24, emb_dim=12)
+        domino.save_head(domino.random_head(c, seed=5, std=0.5), tmp / rel, torch.bfloat16)
+    return setup
+
+
 def broken_plugin(tmp, bad, mp):
     (tmp / "specexp_boom_plugin.py").write_text("raise RuntimeError('the plugin is broken')\n")
     mp.syspath_prepend(str(tmp))
@@ -570,6 +592,21 @@ CASES = [
          lambda tmp, bad, mp: (__import__("shutil").copytree(bad / "dflash_good", tmp / "ckpt"),
                                (tmp / "ckpt" / "card.json").write_text('{"target": "qwen3_8b"}'))),
 
+    # issue #59, probed: an export that pairs a drafter with a target it does not fit is refused (the card and the
+    # serving commands would name that target), when the target's shape is known without loading it
+    case("export_checkpoint_is_a_file", [*EXPORT, "drafter.checkpoint=TMP/a_file"],
+         "drafter.checkpoint='TMP/a_file' is a file; expected a checkpoint directory (holding config.json and the "
+         "weights)", file_at("a_file", "")),
+    case("export_checkpoint_of_another_width", [*EXPORT, "drafter.checkpoint=TMP/wide"],
+         "drafter.checkpoint='TMP/wide': hidden_size 32 does not fit target tiny_qwen3 (hidden 64)",
+         dflash_of_width("wide", 32)),
+    case("export_checkpoint_of_a_deeper_target", [*EXPORT, "target.num_layers=2"],
+         "drafter.checkpoint='BAD/dflash_good': num_target_layers 4 does not fit target tiny_qwen3 (2 layers)"),
+    case("export_domino_head_of_another_width_forced", [*EXPORT, "drafter=domino_ft", "export.format=sglang",
+                                                        "drafter.head.checkpoint=TMP/head", "export.force=true"],
+         ("the head's vocabulary / width (151936 / 32) differ from the backbone's (151936 / 64)",
+          "export.force does not apply"), domino_head_of_width("head", 32)),
+
     # ---- eval.draft_vocab=N (issue #59 row 1): the regeneration set is read before any work
     case("draft_vocab_dir_missing", [*VOCAB, "eval.draft_vocab_from=TMP/no_such_set"],
          "eval.draft_vocab_from='TMP/no_such_set' does not exist; name a regeneration set directory (data/regen/"),
@@ -674,6 +711,109 @@ def test_a_full_disk_mid_run_is_one_line(tmp_path, monkeypatch, capsys):
     assert code == 2 and "Traceback" not in err, err[-3000:]
     assert len(lines) == 1 and f"cannot write {run_dir / 'metrics.csv'}: No space left on device; free some space " \
                                f"and rerun the same command" in lines[0], lines
+
+
+def test_export_overwrite_that_fails_midway_keeps_the_earlier_export(bad, tmp_path, monkeypatch, capsys):
+    """Issue #59, probed: `export.overwrite=true` over a good export, and the last file's write fails (a full disk):
+    one line, exit 2, and the earlier export byte for byte as it was (the new weights had replaced the old ones
+    beside the old config and card), no temporary directory left."""
+    import errno
+
+    import specexp.files
+
+    out = tmp_path / "exp"
+    args = [*EXPORT, f"drafter.checkpoint={bad / 'dflash_good'}", f"export.out={out}"]
+    code, _, err = run_cli(args, tmp_path / "r1", monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    before = files_under(out)
+
+    def full(path, *a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(specexp.files, "write_json", full)
+    code, lines, err = run_cli([*args, "export.overwrite=true", "export.dtype=bfloat16", "export.format=hf"],
+                               tmp_path / "r2", monkeypatch, capsys)
+    assert code == 2 and len(lines) == 1 and "No space left on device" in lines[0], err[-3000:]
+    assert files_under(out) == before and not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def _replay_cache(tmp_path, monkeypatch, capsys, n=3):
+    """A replay of n samples with its reference and tap caches under TMP/cache and TMP/taps; returns (the replay's
+    arguments, references.jsonl, the tap files, macro τ)."""
+    args = ["task=replay", *[a for a in SMALL if not a.startswith("eval.num_samples")], f"eval.num_samples={n}",
+            f"replay.cache_dir={tmp_path / 'cache'}", f"replay.tap_cache_dir={tmp_path / 'taps'}"]
+    code, _, err = run_cli(args, tmp_path / "r0", monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    tau = json.loads((tmp_path / "r0" / "summary.json").read_text())["macro"]["tau"]
+    refs = next((tmp_path / "cache").glob("*/references.jsonl"))
+    return args, refs, sorted((tmp_path / "taps").rglob("*.safetensors")), tau
+
+
+def test_replay_reference_cache_cut_or_corrupt_is_said_and_redone(tmp_path, monkeypatch, capsys):
+    """Issue #59, probed: references.jsonl cut mid-line (a warning line, the sample decoded again; it was dropped
+    silently), cut just before its newline (terminated, so the next append does not glue two records into one
+    corrupt line), and holding a JSON line that is not a reference record (one line, exit 2; it was an internal
+    error)."""
+    args, refs, _, tau = _replay_cache(tmp_path, monkeypatch, capsys)
+    good = refs.read_bytes()
+    last = good.rstrip(b"\n").rfind(b"\n") + 1
+    refs.write_bytes(good[:last + 40])                                    # cut mid-line
+    code, _, err = run_cli(args, tmp_path / "r1", monkeypatch, capsys)
+    assert code == 0 and f"{refs} ends in a torn line (line 3" in err, err[-3000:]
+    assert refs.read_bytes() == good
+    assert json.loads((tmp_path / "r1" / "summary.json").read_text())["macro"]["tau"] == tau
+    refs.write_bytes(good[:-1])                                           # cut before the last newline
+    code, _, err = run_cli([*args[:-3], "eval.num_samples=4", *args[-2:]], tmp_path / "r2", monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    assert refs.read_bytes().startswith(good) and len(refs.read_bytes().splitlines()) == 4
+    lines = good.splitlines(keepends=True)
+    refs.write_bytes(lines[0] + b"{}\n" + b"".join(lines[2:]))
+    code, out, err = run_cli(args, tmp_path / "r3", monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err and len(out) == 1, err[-3000:]
+    assert out[0] == f"specexp: error: {refs} line 2 is corrupt (not a reference record); move the file away (its " \
+                     f"references are then decoded again)", out
+
+
+def test_replay_damaged_tap_cache_is_recomputed(tmp_path, monkeypatch, capsys):
+    """Issue #59, probed: a cut tap file, an empty one and one of another length (internal errors before) are each
+    said in one warning line, computed again and rewritten; τ is the first replay's."""
+    from safetensors.torch import load_file, save_file
+
+    args, _, taps, tau = _replay_cache(tmp_path, monkeypatch, capsys)
+    good = taps[0].read_bytes()
+    taps[0].write_bytes(good[:300])
+    taps[1].write_bytes(b"")
+    short = {k: (v[:, :-3] if k == "taps" else v[:-3]).contiguous() for k, v in load_file(taps[2]).items()}
+    save_file(short, taps[2])
+    code, _, err = run_cli(args, tmp_path / "r1", monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    warned = [x for x in err.splitlines() if x.startswith("specexp: warning: replay: the cached taps")]
+    assert len(warned) == 3 and all("are damaged (" in x and "computing them again" in x for x in warned), warned
+    assert any("expected [" in x for x in warned) and taps[0].read_bytes() == good
+    assert json.loads((tmp_path / "r1" / "summary.json").read_text())["macro"]["tau"] == tau
+
+
+def test_report_and_compare_label_tree_and_batch_runs(tmp_path, monkeypatch, capsys):
+    """Issue #59, probed: a tree run and a chain run of one drafter, and runs at batch 1 and 2, were labelled alike
+    ("eagle3", "eagle3 (online)"): the report's and compare's labels now say tree and the batch."""
+    from specexp.report.page import collect
+
+    for name, mode, batch in (("tree", "tree", 1), ("chain", "chain", 1), ("b2", "chain", 2)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps({"drafter": "eagle3", "mode": "online", "batch_size": batch,
+                                                    "benchmarks": {"gsm8k": {"tau": 1.5}}, "macro": {"tau": 1.5}}))
+        (d / "run.json").write_text(json.dumps({"format": 2, "settings": {"drafter": {"name": "eagle3",
+                                                                                      "mode": mode}}}))
+    assert list(collect([str(tmp_path / n) for n in ("tree", "chain", "b2")]).runs) == \
+        ["eagle3 (tree)", "eagle3", "eagle3 (batch 2)"]
+    unlike_runs(a_run={"settings": {"drafter": {"name": "dflash", "mode": "tree"}}})(tmp_path / "c", None, None)
+    code, _, err = run_cli(["task=compare", f"compare.a={tmp_path / 'c' / 'a'}", f"compare.b={tmp_path / 'c' / 'b'}",
+                            "logger=none"], tmp_path / "cmp", monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    md = (tmp_path / "cmp" / "compare.md").read_text()
+    assert f"A = dflash (online, tree) {tmp_path / 'c' / 'a'}" in md
+    assert f"B = dflash (online) {tmp_path / 'c' / 'b'}" in md
 
 
 # ---------------------------------------------------------------------------------------------- what is accepted

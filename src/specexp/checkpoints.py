@@ -160,6 +160,8 @@ def resolve(path_or_id: str, revision: str | None = None, extra: tuple[str, ...]
 def read_config(path: str | os.PathLike, where: str) -> dict:
     """`path/config.json` as a dict; absent, not JSON, or not an object: one line."""
     f = Path(path) / CONFIG_FILE
+    check(not Path(path).is_file(), f"{where} is a file; expected a checkpoint directory (holding {CONFIG_FILE} and "
+                                    f"the weights)")
     check(Path(path).is_dir(), f"{where}: no such directory")
     check(f.exists(), f"{where}: no {CONFIG_FILE}")
     return read_object(f, where)

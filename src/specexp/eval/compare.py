@@ -27,6 +27,7 @@ from .. import log
 from ..config import Config, checked
 from ..errors import check
 from ..files import write_json, write_text_atomic
+from ..report.tables import run_kind
 from ..rundir import RUN, SAMPLES, claimed_for, read_json, run_records, samples_path
 from ..tracking import make_logger
 from . import metrics
@@ -105,7 +106,7 @@ def _label(run_dir) -> str:
     s = Path(run_dir) / "summary.json"
     if s.is_file():
         d = read_json(s)
-        return f"{d.get('drafter', '?')} ({d.get('mode', 'online')}) {run_dir}"
+        return f"{d.get('drafter', '?')} ({', '.join([d.get('mode', 'online'), *run_kind(d, run_dir)])}) {run_dir}"
     return str(run_dir)
 
 

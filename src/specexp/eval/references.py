@@ -7,7 +7,8 @@ each next user turn follows the target's own decoded previous answer.
 
 Store (`ReferenceStore`): a directory `<root>/<fingerprint>/` with
   manifest.json     what the references depend on (see `set_fingerprint`) and its hash, the directory's name
-  references.jsonl  one line per sample, appended as each finishes (a rerun resumes; a torn last line is dropped):
+  references.jsonl  one line per sample, appended as each finishes (a rerun resumes; a torn last line is dropped,
+                    saying so, and its sample decoded again; any other line that is not a reference is refused):
                     {"benchmark", "id", "key", "turns": [{"prompt_len", "prompt_sha256", "tokens", "stop_reason"}]}
 `key` hashes the sample's user turns, so an edited prompt file never reuses a stale reference.
 References may instead come from vLLM (`replay.reference_engine=vllm`, `VllmReferences`): the same prompt ids, budget
@@ -36,6 +37,18 @@ from ..errors import UserError, check, differing_keys
 from .vllm_side import model_dir, run_vllm, vllm_version
 
 FORMAT_VERSION = 1
+
+
+def _reference(line: bytes) -> dict | None:
+    """One line of references.jsonl as a reference record, or None when it is not one (torn, corrupt)."""
+    try:
+        r = json.loads(line)
+    except ValueError:                                  # JSONDecodeError and UnicodeDecodeError
+        return None
+    ok = isinstance(r, dict) and isinstance(r.get("key"), str) and isinstance(r.get("turns"), list) and all(
+        isinstance(t, dict) and isinstance(t.get("prompt_sha256"), str) and isinstance(t.get("tokens"), list)
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in t["tokens"]) for t in r["turns"])
+    return r if ok else None
 
 
 def _sha(obj) -> str:
@@ -100,15 +113,19 @@ class ReferenceStore:
                                                           "source": self.source}, indent=1) + "\n")
         self.refs: dict[str, dict] = {}
         if self.file.exists():
-            lines = self.file.read_text().splitlines()
+            data = self.file.read_bytes()
+            lines = data.splitlines()
             for i, line in enumerate(lines):
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError:
-                    check(i == len(lines) - 1, f"{self.file} line {i + 1} is corrupt; move the file away")
-                    self._rewrite()
+                r = _reference(line)
+                if r is None:
+                    check(i == len(lines) - 1, f"{self.file} line {i + 1} is corrupt (not a reference record); move "
+                                               f"the file away (its references are then decoded again)")
+                    log.LOG.warning(f"{self.file} ends in a torn line (line {i + 1}: a run stopped while writing it); "
+                                    f"it is dropped and its sample decoded again")
                     break
                 self.refs[r["key"]] = r
+            if data and (len(self.refs) < len(lines) or not data.endswith(b"\n")):
+                self._rewrite()           # every line whole and terminated before the next append
 
     @property
     def source(self) -> dict:

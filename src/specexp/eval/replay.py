@@ -85,26 +85,47 @@ def _wider_tap_file(path: Path, taps) -> tuple[Path, torch.Tensor] | None:
         if set(taps) <= set(have) and list(taps) != have:
             from safetensors import safe_open
 
-            with safe_open(str(other), framework="pt") as f:
-                width = f.get_slice("taps").get_shape()[-1] // len(have)
+            try:
+                with safe_open(str(other), framework="pt") as f:
+                    width = f.get_slice("taps").get_shape()[-1] // len(have)
+            except Exception:         # a damaged file: not a source (its own turn recomputes and rewrites it)
+                continue
             cols = torch.cat([torch.arange(have.index(t) * width, (have.index(t) + 1) * width) for t in taps])
             return other, cols
     return None
 
 
 def cached_teacher_forced(target, prompt, ref, taps, path: Path | None) -> dict:
-    """`teacher_forced`, read from / written to `path` (safetensors) when given."""
+    """`teacher_forced`, read from / written to `path` (safetensors) when given; a cached file that is damaged or
+    holds another turn's shapes is said in one warning line and computed again (the cache is never trusted)."""
     from safetensors.torch import load_file, save_file
 
-    if path is not None and path.exists():
-        _log.debug(f"taps {list(taps)} of {len(ref)} reference tokens read from {path}")
-        d = load_file(path, device=str(target.device))
-        return {"taps": d.get("taps"), "argmax": d["argmax"].cpu(), "gap": d["gap"].cpu()}
+    def read(file: Path, cols=None) -> dict | None:
+        """The cached pass in `file` (the columns `cols` of its taps), or None, with one warning line, when the file
+        is damaged or does not hold this turn's pass (a cut write, another length): the cache is never trusted."""
+        try:
+            d = load_file(file, device=str(target.device))
+            tf = {"taps": d.get("taps") if cols is None else d["taps"][..., cols], "argmax": d["argmax"].cpu(),
+                  "gap": d["gap"].cpu()}
+            fault = next((f"{k} holds {list(tf[k].shape)}, expected [{len(ref)}]" for k in ("argmax", "gap")
+                          if list(tf[k].shape) != [len(ref)]), None)
+            n = len(prompt) + len(ref) - 1
+            t = tf["taps"]
+            if fault is None and taps and (t is None or t.dim() != 3 or tuple(t.shape[:2]) != (1, n)):
+                fault = f"taps hold {list(t.shape) if t is not None else 'nothing'}, expected [1, {n}, ...]"
+        except Exception as e:       # safetensors' SafetensorError, OSError, a missing tensor: all mean "damaged"
+            fault = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if fault is None:
+            _log.debug(f"taps {list(taps)} of {len(ref)} reference tokens read from {file}")
+            return tf
+        log.LOG.warning(f"replay: the cached taps {file} are damaged ({fault}); computing them again")
+        return None
+
+    if path is not None and path.exists() and (tf := read(path)) is not None:
+        return tf
     wider = _wider_tap_file(path, taps) if path is not None else None
-    if wider is not None:                      # taps of more layers, same reference turn: read their columns
-        _log.debug(f"taps {list(taps)} of {len(ref)} reference tokens read from the wider {wider[0]}")
-        d = load_file(wider[0], device=str(target.device))
-        return {"taps": d["taps"][..., wider[1]], "argmax": d["argmax"].cpu(), "gap": d["gap"].cpu()}
+    if wider is not None and (tf := read(*wider)) is not None:    # taps of more layers, same turn: their columns
+        return tf
     tf = teacher_forced(target, prompt, ref, taps)
     _log.debug(f"taps {list(taps)} of {len(ref)} reference tokens computed (one teacher-forced pass)")
     if path is not None:

@@ -26,7 +26,8 @@ Weights are written by the drafter's own `save_pretrained` (one saver), in the c
 
 DeLS-Spec and DEdit have no serving route in these engines: refused in one line naming what would be needed.
 Every check runs before anything is written; a new directory appears whole (written beside it, then renamed),
-and an existing one is touched only with `export.overwrite=true` (each file replaced atomically).
+and an existing one is touched only with `export.overwrite=true` (the new files written whole beside it, then each
+renamed over its old one: a write that fails leaves the earlier export as it was).
 `export.push=true` uploads the directory with huggingface_hub's HfApi when the hub is reachable and a token is
 configured; the token is never read into a file or a message.
 """
@@ -185,13 +186,16 @@ def plan(cfg, run_dir, typed: Config | None = None) -> Plan:
                                                     f"not target={typed.target.name}; pass target={trained_for}")
     dtype = getattr(torch, ex.dtype) if ex.dtype else None
     caveats = []
+    shape = target_shape(typed.target)
     if d.name == "domino_ft":
-        model, config, dtype, caveats, card = domino_plan(d, ex, source, where, dtype, card)
+        model, config, dtype, caveats, card = domino_plan(d, ex, source, where, dtype, card, shape)
     elif d.name == "dflash":
         model = dflash.load_model(source, where)
         check(not isinstance(model, dflash.DSparkDFlashModel),
               f"{where} is a DSpark-format DFlash drafter (its own embedding and lm_head, shifted rows); export "
               f"writes the z-lab layout only (vLLM serves DSpark releases as method=dspark from their own files)")
+        if shape is not None:             # the card and the serving commands pair it with this target
+            dflash.check_fits(model.config, shape, where)
         config = served(model.config.to_dict())
         check_contract("dflash", config, model.config, where)
     else:
@@ -204,6 +208,8 @@ def plan(cfg, run_dir, typed: Config | None = None) -> Plan:
         check(len(taps) == 3, f"{where} names no tap layers (eagle_config.eagle_aux_hidden_state_layer_ids); set "
                               f"drafter.tap_layers=[LOW,MID,HIGH], the output-of-layer ids it was trained on")
         c.tap_layers = taps
+        if shape is not None:
+            eagle3.check_fits(model, shape, taps, where)
         config = served(serving_config_eagle3(c))
         check_contract("eagle3", config, c, where)
     p = Plan(d.name, ex.format, source, out, ex.overwrite, dtype, model, config, card, push=push,
@@ -212,7 +218,34 @@ def plan(cfg, run_dir, typed: Config | None = None) -> Plan:
     return p
 
 
-def domino_plan(d, ex, source: Path, where: str, dtype, card: dict):
+def target_shape(t: TargetSettings) -> SimpleNamespace | None:
+    """The target's width, vocabulary and depth where they are known without loading it: tiny_qwen3's settings, or
+    the config.json of a local target directory or of a hub target already in the HF cache; None otherwise (an
+    unreadable config included: the export then checks the drafter alone, as before)."""
+    if t.loader == "tiny_qwen3":
+        return SimpleNamespace(name=t.name, hidden_size=t.hidden_size, vocab_size=TINY_VOCAB, num_layers=t.num_layers)
+    config = None
+    try:
+        if t.path and (Path(t.path).expanduser() / CONFIG).is_file():
+            config = Path(t.path).expanduser() / CONFIG
+        elif t.hub_id:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(t.hub_id, CONFIG, revision=t.revision)
+            config = Path(found) if isinstance(found, str) else None
+        raw = json.loads(config.read_text()) if config is not None else None
+    except (OSError, ValueError):
+        return None
+    dims = [raw.get(k) for k in ("hidden_size", "vocab_size", "num_hidden_layers")] if isinstance(raw, dict) else []
+    if len(dims) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in dims):
+        return None
+    return SimpleNamespace(name=t.name, hidden_size=dims[0], vocab_size=dims[1], num_layers=dims[2])
+
+
+TINY_VOCAB = 151936                 # targets/hf.py load_tiny_qwen3: the Qwen3 tokenizer's embedding rows
+
+
+def domino_plan(d, ex, source: Path, where: str, dtype, card: dict, shape=None):
     """A Domino-FT export's (state, config.json, dtype, caveats, card): the backbone and the head from a released
     Domino directory (`drafter.checkpoint`) or from `drafter.checkpoint` + `drafter.head.checkpoint`; what SGLang
     would run differently is refused unless `export.force=true` (then named on the card)."""
@@ -237,13 +270,17 @@ def domino_plan(d, ex, source: Path, where: str, dtype, card: dict):
           f"{where} is a DSpark-format DFlash backbone (its own embedding and lm_head); SGLang's Domino path uses the "
           f"target's, so only a z-lab backbone exports")
     c, bc = head.config, backbone.config
+    if shape is not None:
+        dflash.check_fits(bc, shape, where)
+    check(c.vocab_size == bc.vocab_size and c.hidden_size == bc.hidden_size,
+          f"task=export drafter=domino_ft: the head's vocabulary / width ({c.vocab_size} / {c.hidden_size}) differ "
+          f"from the backbone's ({bc.vocab_size} / {bc.hidden_size}): the head reads the backbone's hidden states and "
+          f"adds to the target's logits, so no engine can run the pair (export.force does not apply); pair "
+          f"drafter.head.checkpoint with the backbone it was trained on")
     force = ex.force
     guidance = float((d.get("head") or {}).get("guidance", 1.0))
     caveats = []
-    for bad, line in ((c.vocab_size != bc.vocab_size or c.hidden_size != bc.hidden_size,
-                       f"the head's vocabulary / width ({c.vocab_size} / {c.hidden_size}) differ from the backbone's "
-                       f"({bc.vocab_size} / {bc.hidden_size}); SGLang needs the target's vocabulary in both"),
-                      (guidance != 1.0, f"drafter.head.guidance={guidance:g}: SGLang's Domino rollout adds the "
+    for bad, line in ((guidance != 1.0, f"drafter.head.guidance={guidance:g}: SGLang's Domino rollout adds the "
                                         f"correction unscaled (guidance 1), so it would decode otherwise than "
                                         f"specexp measured"),
                       (dtype not in (None, torch.bfloat16), f"export.dtype={ex.dtype}: SGLang's Domino runtime "
@@ -423,7 +460,8 @@ def card_markdown(info: dict, config: dict) -> str:
 # --------------------------------------------------------------------------------------------------- write
 def write(p: Plan) -> list[str]:
     """Write the export; a new directory is built beside its final name and renamed into place whole, an existing
-    one (export.overwrite=true) gets each file replaced atomically. Returns the file names written."""
+    one (export.overwrite=true) gets the new files written whole beside the old ones, then each renamed over its old
+    one. Returns the file names written."""
     from .. import checkpoints as ckpt
     from ..files import write_json, write_text_atomic
 
@@ -437,24 +475,33 @@ def write(p: Plan) -> list[str]:
         write_text_atomic(d / CARD, card_markdown(p.info, p.config))
         write_json(d / RECORD, p.info)
 
-    if p.out.is_dir():
-        fill(p.out)
-        for pattern in STALE:             # after the new files are in place: a failed write leaves the old export
-            for f in p.out.glob(pattern):
-                f.unlink()
-    else:
-        p.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.out.with_name(f".{p.out.name}.{os.getpid()}.tmp")
+    def staged(tmp: Path, move) -> None:
+        """Fill `tmp`, then `move` it into place; an OSError names the file the user asked for, not `tmp`'s."""
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             fill(tmp)
-            os.replace(tmp, p.out)
-        except OSError as e:                # name the file the user asked for, not its temporary directory
+            move(tmp)
+        except OSError as e:
             if e.filename and str(e.filename).startswith(str(tmp)):
                 raise OSError(e.errno, e.strerror, str(p.out) + str(e.filename)[len(str(tmp)):]) from None
             raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    if p.out.is_dir():
+        # Every new file is written whole beside the old export first (a full disk, a fault or Ctrl-C while writing
+        # leaves the earlier export as it was), then each is renamed over its old one.
+        def move(tmp: Path) -> None:
+            for f in sorted(tmp.iterdir()):
+                os.replace(f, p.out / f.name)
+
+        staged(p.out / f".export.{os.getpid()}.tmp", move)
+        for pattern in STALE:             # after the new files are in place: a failed write leaves the old export
+            for f in p.out.glob(pattern):
+                f.unlink()
+    else:
+        p.out.parent.mkdir(parents=True, exist_ok=True)
+        staged(p.out.with_name(f".{p.out.name}.{os.getpid()}.tmp"), lambda tmp: os.replace(tmp, p.out))
     return sorted(n for n in (CONFIG, WEIGHTS, CARD, RECORD) if (p.out / n).is_file())
 
 

@@ -37,6 +37,7 @@ from ..errors import check
 from ..files import write_text_atomic
 from ..rundir import claimed_for, read_json, read_summary
 from . import plots
+from .tables import run_kind
 
 
 @dataclass
@@ -153,7 +154,8 @@ def collect(paths: list) -> Inputs:
             out.trainings.append(Training(label or _name(p.with_suffix(""), [t.name for t in out.trainings]), card))
         elif (p / "summary.json").is_file():
             s = read_summary(p / "summary.json")
-            label = label or str(s.get("drafter") or p.name) + (" (replay)" if s.get("mode") == "replay" else "")
+            kind = [*run_kind(s, p), *(["replay"] if s.get("mode") == "replay" else [])]   # tree, batch B, replay
+            label = label or str(s.get("drafter") or p.name) + (f" ({', '.join(kind)})" if kind else "")
             out.runs[label if label not in out.runs else f"{label} ({p.name})"] = s
         elif (p / "train_summary.json").is_file():
             card = _json(p / "train_summary.json")

@@ -17,6 +17,26 @@ def _ties(b: dict) -> str:
     return f" (+{n} near-tie)" if n else ""
 
 
+def run_kind(summary: dict, run_dir=None) -> list[str]:
+    """What sets a run apart besides its drafter, for its label: "tree" (draft trees: run.json's drafter.mode, which
+    summary.json does not record) and "batch B" (an online run decoded B rows side by side: its speedups are
+    throughputs at that batch)."""
+    import json
+    from pathlib import Path
+
+    kind = []
+    try:
+        settings = json.loads((Path(run_dir) / "run.json").read_text())["settings"] if run_dir is not None else {}
+        if (settings.get("drafter") or {}).get("mode") == "tree":
+            kind.append("tree")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):    # no or an old run.json: nothing to add
+        pass
+    b = summary.get("batch_size", 1)
+    if summary.get("mode", "online") == "online" and isinstance(b, int) and b > 1:
+        kind.append(f"batch {b}")
+    return kind
+
+
 def summary_markdown(summary: dict) -> str:
     """The per-benchmark table of one run: τ with its 95% CI, and speedup/TPOT (online) or near-ties (replay)."""
     d = summary["decoding"]
