@@ -287,6 +287,25 @@ def test_a_plan_measured_busy_is_used_and_measured_again_once_idle(tmp_path, mon
     assert calls == [1] and entry["busy"] is False
 
 
+@needs_fp32
+def test_two_runs_measuring_different_models_at_once_keep_both_plans(tmp_path, monkeypatch):
+    """Issue #59's probe: the run that writes second adds its entry to the file as it is then (under a lock), instead
+    of the file as it read it before measuring (which dropped the other run's plan)."""
+    monkeypatch.setattr(cpu_linear, "_load", lambda: 0.0)
+    a, b = [torch.randn(96, 64), torch.randn(64, 96)], [torch.randn(48, 32), torch.randn(32, 48)]
+    real = cpu_linear.measure
+
+    def measure(weights, *args, **kw):
+        if weights is a:                            # while this run measures, another finishes its model's plan
+            cpu_linear.fp32_plan(b, tmp_path)
+        return real(weights, *args, **kw)
+
+    monkeypatch.setattr(cpu_linear, "measure", measure)
+    cpu_linear.fp32_plan(a, tmp_path)
+    models = json.loads(cpu_linear.plan_file(tmp_path).read_text())["models"]
+    assert sorted(e["layers"] for e in models.values()) == [2, 2] and len(models) == 2
+
+
 def _with_kinds(kind):
     def change(stored):
         for entry in stored["models"].values():

@@ -43,7 +43,7 @@ from types import SimpleNamespace
 from .. import log
 from ..config import Config, ExportConfig, checked
 from ..errors import UserError, check
-from ..targets.settings import TargetSettings
+from ..targets.settings import TINY_VOCAB, TargetSettings
 
 EXPORTABLE = ("dflash", "eagle3", "domino_ft")
 # Why a drafter cannot be served today, and what would be needed (one line each).
@@ -240,9 +240,6 @@ def target_shape(t: TargetSettings) -> SimpleNamespace | None:
     if len(dims) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in dims):
         return None
     return SimpleNamespace(name=t.name, hidden_size=dims[0], vocab_size=dims[1], num_layers=dims[2])
-
-
-TINY_VOCAB = 151936                 # targets/hf.py load_tiny_qwen3: the Qwen3 tokenizer's embedding rows
 
 
 def domino_plan(d, ex, source: Path, where: str, dtype, card: dict, shape=None):

@@ -208,7 +208,8 @@ def measure(weights: list, kinds=KINDS, passes: int = 5, budget_s: float | None 
 def fp32_plan(weights: list, cache_dir=None) -> dict:
     """`{rows: kind}` for a model whose linear layers hold `weights`: read from this machine's plan file, where
     the same list of weight shapes was measured before, else measured (`measure`) and added to it (written whole to
-    a temporary file, then renamed: a concurrent run reads the old plans or the new ones, never half of them). A
+    a temporary file, then renamed: a concurrent run reads the old plans or the new ones, never half of them; the
+    write holds a lock and adds to the file as it is then, so runs measuring different models keep each other's). A
     damaged or foreign file or entry (`_plan_fault`: not JSON, another schema, other shapes, a kind this torch cannot
     run) is set aside with one warning line and measured again: the file is a cache, never trusted as it is. A plan
     measured on a busy machine (`_busy`) is kept and used, and measured again by the first run that finds the
@@ -247,12 +248,38 @@ def fp32_plan(weights: list, cache_dir=None) -> dict:
                                   stored["models"][key]["plan"], path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(stored, indent=1))
-            tmp.replace(path)
+            with _locked(path):
+                # Another run may have added its model's plan since this one read the file: add this entry to what
+                # is there now (under the lock, so two runs measuring different models both keep theirs).
+                latest, fault = _read_plans(path)
+                if fault is None:
+                    latest["models"][key] = stored["models"][key]
+                    stored = latest
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(stored, indent=1))
+                tmp.replace(path)
         except OSError:                               # a read-only cache: measured again next time
             pass
     return {int(b): k for b, k in stored["models"][key]["plan"].items()}
+
+
+class _locked:
+    """An exclusive lock on `<path>.lock` for the duration of a `with` (fcntl; where there is none, no lock)."""
+
+    def __init__(self, path: Path):
+        self.path = path.with_suffix(".lock")
+
+    def __enter__(self):
+        self.f = open(self.path, "a")
+        try:
+            import fcntl
+            fcntl.flock(self.f, fcntl.LOCK_EX)
+        except (ImportError, OSError):
+            pass
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()                                # closing releases the lock
 
 
 def _load() -> float:

@@ -29,7 +29,7 @@ import torch
 from .. import pins, schema
 from ..errors import UserError, check, invariant, one_of
 from ..paths import cache_root
-from .settings import TargetSettings, resolve_dtype_name
+from .settings import TINY_VOCAB, TargetSettings, resolve_dtype_name
 
 QWEN3_MASK_TOKEN, QWEN3_MASK_ID = "<|MASK|>", 151669
 # Qwen2/Qwen3 special tokens in id order from 151643 (after the 151643 BPE tokens).
@@ -330,7 +330,7 @@ def load_tiny_qwen3(cfg: TargetSettings, device: torch.device, lean: bool = Fals
 
     tok = qwen3_tokenizer(cache_root(cfg.cache_dir))
     config = Qwen3Config(
-        vocab_size=151936, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        vocab_size=TINY_VOCAB, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
         head_dim=cfg.hidden_size // cfg.num_heads, max_position_embeddings=cfg.max_context,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6}, rms_norm_eps=1e-6,

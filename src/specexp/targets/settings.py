@@ -21,6 +21,8 @@ from ..schema import (
     setting,
 )
 
+TINY_VOCAB = 151936          # loader=tiny_qwen3's embedding rows: the Qwen3 tokenizer's (targets/hf.py)
+
 
 @frozen
 class TargetSettings(Settings):
