@@ -94,7 +94,8 @@ def collect(out: str, overrides: list[str]) -> None:
                           "feats": feats.half(), "dl": dl.half(), "dz": dz.half(), "dp": dp.half(),
                           "valid": valid, "lower": lower})
         print(f"{n_s + 1}/{len(sel.samples)} {sample.benchmark}", file=sys.stderr, flush=True)
-    torch.save({"K": K, "turns": turns, "overrides": overrides}, out)
+        if (n_s + 1) % 5 == 0 or n_s + 1 == len(sel.samples):     # usable when stopped early
+            torch.save({"K": K, "turns": turns, "overrides": overrides, "done": n_s + 1}, out)
 
 
 # ------------------------------------------------------------------------------------------------- fitting
