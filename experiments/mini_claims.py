@@ -322,6 +322,19 @@ def c_fixed_tuned_over_learned(x: Inputs):
     return _fixed_vs_learned(x, "eval/dels_rnn")
 
 
+def c_adaptive_over_fixed(x: Inputs):
+    """Issue #62: adaptive α/β (fusion=entropy, the schedule chosen on tune) against the best fixed (α, β) chosen on
+    the same tuning split, paired on the eval split: the two cells of one replay pass (conf/experiment/
+    mini_fusion_adaptive.yaml), kept under adaptive/eval_entropy/ (the fixed cell: the one a<α>_b<β> directory)."""
+    d = x.root / "adaptive" / "eval_entropy"
+    fixed = sorted(c.name for c in d.glob("a*_b*") if (c / "summary.json").exists()) if d.is_dir() else []
+    if not fixed or not (d / "entropy" / "summary.json").exists():
+        raise Missing("adaptive/eval_entropy/{entropy, a<α>_b<β>} (eval split, conf/experiment/mini_fusion_adaptive)")
+    delta, ci = macro_delta(x, "adaptive/eval_entropy/entropy", f"adaptive/eval_entropy/{fixed[0]}")
+    n = sum(len(v) for v in x.run("adaptive/eval_entropy/entropy").values())
+    return f"entropy schedule − fixed {fixed[0]}: macro Δτ {fmt(delta, ci)} ({n} prompts)", verdict_gt(ci)
+
+
 def c_head_cheaper(x: Inputs):
     """Table 5's cost ratio. At Qwen3 scale Domino-FT's cost is the large target's forward passes (its head reads the
     target's features for every block) and their activations; the DeLS head reads tokens only. On a 135M target on a
@@ -552,6 +565,11 @@ CLAIMS = [
           "the eval CI lies above 0", c_best_weights,
           "yes: the best weights follow how the two experts are calibrated against each other, which the backbone's "
           "strength sets"),
+    Claim("DeLS-Spec §7 (future work)", "adaptive α/β beat the best fixed α/β",
+          "(§7's suggestion, read as a claim: weights adjusted from the long-context logits' entropy / confidence)",
+          "macro Δτ entropy schedule − best fixed (both chosen on tune), eval split", "CI above 0",
+          c_adaptive_over_fixed, "yes: how confident the 1-layer b8 backbone is, and how that tracks its errors, "
+                                 "differs from a 5-layer b16 one"),
     Claim("DeLS-Spec Fig. 2", "β > 0 helps once α is set", "(reading of Figure 2: τ(α, β) − τ(α, 0) > 0)",
           "macro Δτ (α, β) − (α, 0)", "CI above 0", c_beta_helps),
     Claim("DeLS-Spec T3, §5.5", "the RNN head beats the Markov head",

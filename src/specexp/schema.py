@@ -290,6 +290,10 @@ class FusionConfig(Settings):
     beta: typing.Any = setting(0.3, _fusion_weight, FUSION_WEIGHT)
     kernel: str = choice("auto", "triton", "torch")
     cuda_graph: typing.Any = choice("auto", True, False)
+    # adaptive weights (kernels/adaptive.py; fusion=entropy | gate): null = alpha / beta as given; the parameters
+    # of the chosen form in `schedule` (checked when the drafter is built)
+    adaptive: typing.Any = choice(None, "entropy", "gate")
+    schedule: dict = setting(factory=dict)
 
 
 def ints(lo: int, hi: int) -> tuple:

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from .. import checkpoints as ckpt
 from .. import files, log, pins
 from ..errors import UserError, check, one_of
+from ..kernels.adaptive import build_schedule
 from ..paths import REPO_ROOT
 from ..schema import (
     MAX_BATCH,
@@ -396,10 +397,10 @@ class DeLSDrafter(SequentialDrafter):
     loop, kernels and CUDA graph are drafters/head_loop.py)."""
 
     def __init__(self, backbone: dflash.DFlashDrafter, head: MergedHead, log_prior: torch.Tensor,
-                 alpha, beta, backend: str = "auto", cuda_graph: str | bool = "auto"):
+                 alpha, beta, backend: str = "auto", cuda_graph: str | bool = "auto", schedule=None):
         n = max(backbone.max_drafts - 1, 0)
         super().__init__(backbone, head.w_out, log_prior, per_position("alpha", alpha, n),
-                         per_position("beta", beta, n), backbone.max_drafts, backend, cuda_graph)
+                         per_position("beta", beta, n), backbone.max_drafts, backend, cuda_graph, schedule)
         self.head, self.name = head, f"dels_{head.kind}"
         self.first_row = getattr(backbone, "first_row", 1)          # 0 on a shifted (DSpark-format) backbone
 
@@ -466,6 +467,12 @@ def build(cfg: DeLSSettings, target) -> DeLSDrafter:
             log_prior = load_prior(path, target.vocab_size, cfg.prior.smoothing, where)
     merged = MergedHead(head, target.embed_tokens.weight, target.lm_head.weight, target.dtype, target.device)
     alpha, beta = fu.alpha, fu.beta
+    schedule = build_schedule(fu.adaptive, fu.schedule)
+    if schedule is not None:
+        check("learned" not in (alpha, beta), f"fusion.adaptive={fu.adaptive} computes alpha and beta itself; "
+                                              "fusion.alpha / fusion.beta 'learned' would be ignored: drop one")
+        log.LOG.info(f"fusion: adaptive weights, {schedule.describe()} (fusion.alpha / fusion.beta not read)")
+        alpha = beta = 0.0
     if "learned" in (alpha, beta):
         check(head_init == "checkpoint", "fusion=learned reads fusion_weights.json beside a trained head; "
                                          "set drafter.head.checkpoint=DIR")
@@ -484,4 +491,5 @@ def build(cfg: DeLSSettings, target) -> DeLSDrafter:
                 learned[key] = vals[:n]
         alpha = learned["alpha"] if alpha == "learned" else alpha
         beta = learned["beta"] if beta == "learned" else beta
-    return dflash.as_mode(DeLSDrafter(backbone, merged, log_prior, alpha, beta, fu.kernel, fu.cuda_graph), cfg)
+    return dflash.as_mode(DeLSDrafter(backbone, merged, log_prior, alpha, beta, fu.kernel, fu.cuda_graph, schedule),
+                          cfg)

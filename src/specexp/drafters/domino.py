@@ -242,6 +242,9 @@ def build(cfg: DominoSettings, target) -> DominoDrafter:
     """`drafter=domino_ft`: the DFlash backbone as drafter=dflash builds it + the Domino head (`head.init` as
     for the DeLS heads: random with a random backbone, else the head checkpoint, which must then be set)."""
     h = cfg.head
+    check(cfg.fusion.adaptive is None,
+          f"fusion.adaptive={cfg.fusion.adaptive} is DeLS-Spec's (dels_rnn, dels_markov): Domino-FT's correction has "
+          "one fixed guidance weight (drafter.head.guidance) and no unigram prior to weigh")
     ckpt_dir = h.checkpoint
     path = raw = None
     if cfg.init != "random" and cfg.checkpoint and not ckpt_dir:          # a released Domino drafter?

@@ -20,6 +20,7 @@ import torch
 
 from ..checkpoints import resolve_init
 from ..errors import check
+from ..kernels.adaptive import Schedule
 from ..kernels.fusion import TritonFusion, fuse_torch, fused_logits, gumbel, pick_backend
 from .base import LazyDist, OnBackbone, Proposal, Sampling, sequence_at
 from .block_tree import Candidates, grow, top
@@ -67,25 +68,31 @@ def head_init(cfg, target, what: str, train_cmd: str) -> str:
 
 
 def _grid_hits(long: torch.Tensor, wz: torch.Tensor, log_prior: torch.Tensor, truth: torch.Tensor,
-               cells: list[tuple[float, float]]) -> torch.Tensor:
+               cells: list[tuple[float, float]] | None = None,
+               weights: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Whether the greedy fused draft (`fused_logits` with `W z` given as `wz` `[n, V]`) equals `truth` `[n]` for
-    every cell, `[C, n]`, without the
-    full argmax per cell. Token v beats the truth t at (alpha, beta) when the linear function
-    (long_v - long_t) + alpha (wz_v - wz_t) - beta (lp_v - lp_t) is >= 0; over the grid's rectangle of weights it
-    is largest at a corner, so only the tokens whose largest corner value reaches -slack (a margin far above float
-    rounding) can win anywhere, and the exact fused values (fused_logits' terms in its order, elementwise) are
-    compared over those candidates only. Ties go to the lowest token id, as torch.argmax."""
-    a = torch.tensor([c[0] for c in cells], dtype=long.dtype, device=long.device)                  # [C]
-    b = torch.tensor([c[1] for c in cells], dtype=long.dtype, device=long.device)                  # [C]
+    every cell, `[C, n]`, without the full argmax per cell. A cell is a pair (alpha, beta) for every row (`cells`),
+    or `weights` = (alpha, beta) `[C, n]`, one pair per cell and row (adaptive weights, kernels/adaptive.py). Token
+    v beats the truth t at (alpha, beta) when the linear function
+    (long_v - long_t) + alpha (wz_v - wz_t) - beta (lp_v - lp_t) is >= 0; over the rectangle spanned by all the
+    weights it is largest at a corner, so only the tokens whose largest corner value reaches -slack (a margin far
+    above float rounding) can win anywhere, and the exact fused values (`(long - beta lp) + alpha wz`, elementwise,
+    the order of fused_logits; a term at weight 0 adds an exact 0) are compared over those candidates only. Ties
+    go to the lowest token id, as torch.argmax."""
+    if weights is None:
+        a = torch.tensor([c[0] for c in cells], dtype=long.dtype, device=long.device)[:, None].expand(-1, len(truth))
+        b = torch.tensor([c[1] for c in cells], dtype=long.dtype, device=long.device)[:, None].expand(-1, len(truth))
+    else:
+        a, b = (w.to(dtype=long.dtype) for w in weights)                                            # [C, n]
     t = truth.clamp(min=0)                                                                          # [n]
     rows = torch.arange(len(t), device=long.device)
 
-    def fused(lg, z, p):            # fused_logits for every cell at once: [C, ...]; each term skipped at weight 0
-        f = lg.unsqueeze(0) - torch.where(b == 0, 0.0, b).view(-1, *[1] * lg.dim()) * p.unsqueeze(0)
-        f = torch.where((b == 0).view(-1, *[1] * lg.dim()), lg.unsqueeze(0), f)
-        return torch.where((a == 0).view(-1, *[1] * lg.dim()), f, f + a.view(-1, *[1] * lg.dim()) * z.unsqueeze(0))
+    def fused(lg, z, p, ca, cb):       # lg, z [m] (or [n]), p [m]; ca, cb [C] (or [C, n]) -> [C, m]
+        if ca.dim() == 1:
+            ca, cb = ca[:, None], cb[:, None]
+        return (lg.unsqueeze(0) - cb * p.unsqueeze(0)) + ca * z.unsqueeze(0)
 
-    at_truth = fused(long[rows, t], wz[rows, t], log_prior[t])                                      # [C, n]
+    at_truth = fused(long[rows, t], wz[rows, t], log_prior[t], a, b)                                # [C, n]
     slack = 1e-3 * (1 + at_truth.abs().max(0).values)                                               # [n]
     dl, dz = long - long[rows, t, None], wz - wz[rows, t, None]                                     # [n, V]
     dp = log_prior[None, :] - log_prior[t, None]                                                    # [n, V]
@@ -94,14 +101,27 @@ def _grid_hits(long: torch.Tensor, wz: torch.Tensor, log_prior: torch.Tensor, tr
         for cb in {float(b.min()), float(b.max())}:
             corner = dl + ca * dz - cb * dp                                                         # [n, V]
             reach = corner if reach is None else torch.maximum(reach, corner)
-    hits = torch.zeros((len(cells), len(t)), dtype=torch.bool, device=long.device)
+    hits = torch.zeros(a.shape, dtype=torch.bool, device=long.device)
     for r in range(len(t)):
         if truth[r] < 0:            # past the sequence's end: nothing to match
             continue
         cand = torch.nonzero(reach[r] >= -slack[r])[:, 0]                                           # [m] ascending
-        best = cand[fused(long[r, cand], wz[r, cand], log_prior[cand]).argmax(-1)]                  # [C]
+        best = cand[fused(long[r, cand], wz[r, cand], log_prior[cand], a[:, r], b[:, r]).argmax(-1)]   # [C]
         hits[:, r] = best == truth[r]
     return hits
+
+
+def cell_weights(cells: list, long: torch.Tensor, wz: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(alpha, beta) `[C, n]` of grid cells over rows `long [n, V]` (W z = `wz`): a pair (alpha, beta) for every
+    row, or a Schedule's weights of each row."""
+    cols_a, cols_b = [], []
+    for c in cells:
+        if isinstance(c, Schedule):
+            a, b = c(long, wz if c.needs_short else None)                                   # [n]
+        else:
+            a, b = (torch.full((long.shape[0],), float(v), device=long.device) for v in c)
+        cols_a.append(a.float()), cols_b.append(b.float())
+    return torch.stack(cols_a), torch.stack(cols_b)
 
 
 class SequentialDrafter(OnBackbone):
@@ -109,8 +129,10 @@ class SequentialDrafter(OnBackbone):
     first_row = 1                     # backbone block row of draft 1 (0 for a shifted Domino backbone)
 
     def __init__(self, backbone, w_out: torch.Tensor, log_prior: torch.Tensor, alpha: list[float],
-                 beta: list[float], max_drafts: int, backend: str = "auto", cuda_graph: str | bool = "auto"):
+                 beta: list[float], max_drafts: int, backend: str = "auto", cuda_graph: str | bool = "auto",
+                 schedule: Schedule | None = None):
         self.backbone, self.max_drafts, self.tap_layers = backbone, max_drafts, backbone.tap_layers
+        self.schedule = schedule          # adaptive weights (kernels/adaptive.py); None = alpha, beta as given
         self.w_out = w_out                                                                  # [V, r]
         self.rank = w_out.shape[1]
         self.alpha, self.beta = alpha, beta                                                 # K-1 each
@@ -201,9 +223,9 @@ class SequentialDrafter(OnBackbone):
             elif i > 1:
                 state = me.advance(state, d)
             z = me.zero_z if i == 0 else me.feature(x, state, i)                            # [r] | [n, r]
-            a, b = me._weights(i)
             long = backbone.lm_head(hid[i].contiguous())                                    # [n, V]
-            d = fuse_torch(long, z, me.w_fuse, a, b, me.log_prior)[0]                       # [n]
+            a, b, short = me._row_weights(long, z, i)
+            d = fuse_torch(long, z, me.w_fuse, a, b, me.log_prior, short=short)[0]          # [n]
             out[:, i] = d
         for r, s, a, drafts in zip(rows, starts, anchors, out):
             r.backbone.prepared = None                                  # the drafts are made: no block left to read
@@ -213,17 +235,31 @@ class SequentialDrafter(OnBackbone):
     def _weights(self, i: int) -> tuple[float, float]:
         return (0.0, 0.0) if i == 0 else (self.alpha[i - 1], self.beta[i - 1])
 
+    def _row_weights(self, long_i: torch.Tensor, z: torch.Tensor, i: int):
+        """(alpha, beta, short) of draft row i: the fixed numbers and None, or with `schedule` the adaptive weights of
+        these logits (fp32 tensors `[]` for a row `[V]`, `[a]` for rows `[a, V]`) and, when the schedule read it,
+        the local head's row W z (fp32, reused by the torch fusion). Row 0 is DFlash's alone."""
+        if i == 0 or self.schedule is None:
+            return (*self._weights(i), None)
+        short = None
+        if self.schedule.needs_short:
+            w = self.w_fuse.float()
+            short = w @ z.float() if z.dim() == 1 else z.float() @ w.T                     # [V] | [a, V]
+        a, b = self.schedule(long_i, short)
+        return a, b, short
+
     def _pick(self, long_i, z, i: int, temperature: float, generator):
-        a, b = self._weights(i)
+        a, b, short = self._row_weights(long_i, z, i)
         if self.kernel is not None:
             return self.kernel(long_i, z, self.w_out, a, b, self.log_prior, temperature, seed_add=i)
         noise = gumbel(long_i.shape[-1], generator, long_i.device) if temperature > 0 else None
-        return fuse_torch(long_i, z, self.w_fuse, a, b, self.log_prior, temperature, noise)
+        return fuse_torch(long_i, z, self.w_fuse, a, b, self.log_prior, temperature, noise, short=short)
 
     def fused_row(self, long_i: torch.Tensor, z: torch.Tensor, i: int) -> torch.Tensor:
-        """The full fused logits of row i `[V]` (protocol B's residual needs the first rejected row)."""
-        a, b = self._weights(i)
-        return fused_logits(long_i, z, self.w_fuse, a, b, self.log_prior)
+        """The full fused logits of row i `[V]` (protocol B's residual needs the first rejected row); rows `[a, V]`
+        (trees)."""
+        a, b, short = self._row_weights(long_i, z, i)
+        return fused_logits(long_i, z, self.w_fuse, a, b, self.log_prior, short)
 
     def draft(self, x: dict, out_tokens, out_probs, out_z, temperature: float = 0.0, generator=None) -> None:
         """One block: tokens `[k]`, probs `[k]` (sampling only) and the rank states `[k, r]` the fused rows
@@ -301,8 +337,9 @@ class SequentialDrafter(OnBackbone):
                 elif i > 1:
                     state = self.advance(state, d)
                 z = self.zero_z if i == 0 else self.feature(x, state, i)                    # [r] | [a, r]
-                a, b = self._weights(i)
-                d = fuse_torch(bb.lm_head(rows[i, alive]), z, self.w_fuse, a, b, self.log_prior)[0]   # [a]
+                long = bb.lm_head(rows[i, alive])                                           # [a, V]
+                a, b, short = self._row_weights(long, z, i)
+                d = fuse_torch(long, z, self.w_fuse, a, b, self.log_prior, short=short)[0]  # [a]
                 out[c0 + alive, i] = d
                 go = (d == sequence_at(ids, s[alive] + i + 1)) & (k[alive] > i + 1)        # right, and a next row
                 alive, d = alive[go], d[go]
@@ -310,13 +347,18 @@ class SequentialDrafter(OnBackbone):
         return out
 
     def matches_all(self, taps: torch.Tensor, ids: torch.Tensor, starts: torch.Tensor, ks: torch.Tensor,
-                    cells: list[tuple[float, float]], chunk: int = 32) -> torch.Tensor:
+                    cells: list, chunk: int = 32, observe=None) -> torch.Tensor:
         """For fusion-weight grids (replay.fusion_grid, eval/fusion_grid.py): at many anchors of a known sequence,
         how many leading greedy drafts equal the sequence, for every weight pair `cells` [(alpha, beta), ...]
         (the pair applies at every draft position). Exact for the reason `propose_all` is: while a block's drafts
         equal the sequence its loop state is the state after the sequence's own tokens, whatever the weights. So
         the backbone rows, the loop states and W z are computed once per block, teacher-forced on the sequence,
-        and only `fused_logits`' sum and the argmax run per cell. Returns `[C, N]` counts (at most ks)."""
+        and only `fused_logits`' sum and the argmax run per cell. A cell may also be an adaptive schedule
+        (kernels/adaptive.py): its weights are computed per row from the same teacher-forced rows. The drafter's own
+        weights are not read. `observe(i, c0, long [n, V], wz [n, V] | None, truth [n], ks [n])` (c0: the chunk's
+        first anchor), when given, sees
+        every teacher-forced row (experiments/adaptive_fusion.py fits schedules on them). Returns `[C, N]` counts
+        (at most ks)."""
         bb, dev = self.backbone, self.w_out.device
         ids, starts, ks = ids.to(dev), starts.to(dev), ks.to(dev)
         ctx = bb.context(taps)
@@ -336,11 +378,15 @@ class SequentialDrafter(OnBackbone):
                 long = bb.lm_head(rows[i]).float()                                          # [n, V]
                 if i == 0:                                                                  # DFlash's row alone
                     hit = (long.argmax(-1) == truth).expand(len(cells), -1)                 # [C, n]
+                    if observe is not None:
+                        observe(i, c0, long, None, truth, k)
                 else:
                     prev = sequence_at(ids, s + i).clamp(min=0)     # row i-1's draft where the block still matches
                     state = self.begin(x, prev) if i == 1 else self.advance(state, prev)
                     wz = self.feature(x, state, i).float() @ w.T                            # [n, V]
-                    hit = _grid_hits(long, wz, lp, truth, cells)                            # [C, n]
+                    if observe is not None:
+                        observe(i, c0, long, wz, truth, k)
+                    hit = _grid_hits(long, wz, lp, truth, weights=cell_weights(cells, long, wz))   # [C, n]
                 alive &= hit & (k > i)
                 out[:, c0: c0 + len(s)] += alive
         return out

@@ -28,6 +28,7 @@ from ..decoding.engine import drafts_per_round
 from ..drafters.dels import DeLSDrafter
 from ..errors import check
 from ..files import write_text_atomic
+from ..kernels.adaptive import Schedule
 from ..tracking import run_info
 from . import run, shards
 from .references import turns_with_prompts
@@ -44,7 +45,10 @@ from .replay import (
 from .store import ResultStore
 
 
-def cell_name(alpha: float, beta: float) -> str:
+def cell_name(alpha, beta: float | None = None) -> str:
+    """`a<alpha>_b<beta>` of a fixed cell; an adaptive cell (a Schedule) is named by its form (entropy, gate)."""
+    if isinstance(alpha, Schedule):
+        return alpha.kind
     return f"a{alpha:g}_b{beta:g}"
 
 
@@ -94,13 +98,16 @@ def run_grid(cfg, out_dir: Path, typed: Config | None = None) -> dict:
     if rp.references_only:
         return {}
     # Each cell is the run `task=replay fusion.alpha=a fusion.beta=b` would be: its config, its settings.
-    cfgs = [OmegaConf.merge(cfg, {"fusion": {"alpha": a, "beta": b}, "replay": {"fusion_grid": {"alpha": None,
-                                                                                               "beta": None}}})
+    cfgs = [OmegaConf.merge(cfg, {"fusion": {"alpha": a, "beta": b, "adaptive": None, "schedule": {}},
+                                  "replay": {"fusion_grid": {"alpha": None, "beta": None}}})
             for a, b in cells]
+    if drafter.schedule is not None:       # fusion.adaptive: one more cell, the run `task=replay fusion=<form>` is
+        cells.append(drafter.schedule)
+        cfgs.append(OmegaConf.merge(cfg, {"replay": {"fusion_grid": {"alpha": None, "beta": None}}}))
     taps = drafter.tap_layers
     with contextlib.ExitStack() as stack:
         entry = shards.entry(sel.selected, sel.shard)
-        stores = [stack.enter_context(ResultStore(out_dir / cell_name(*c), run_settings(cc, typed, device, refs),
+        stores = [stack.enter_context(ResultStore(out_dir / _name(c), run_settings(cc, typed, device, refs),
                                                   samples, entry)) for c, cc in zip(cells, cfgs)]
         info = {**run_info(device), "target_source": target.source, "references": str(refs.dir)}
         for cc, store in zip(cfgs, stores):
@@ -121,16 +128,22 @@ def run_grid(cfg, out_dir: Path, typed: Config | None = None) -> dict:
                     store.append(recs)
         out = {}
         for c, cc, store in zip(cells, cfgs, stores):   # one W&B run per cell (job type grid): Figure 2's points
-            name = f"{cfg.drafter.name}-{target.name} {cell_name(*c)}"
+            name = f"{cfg.drafter.name}-{target.name} {_name(c)}"
             logger = run.logger(typed, cc, store.dir, name, job_type="grid")
-            out[cell_name(*c)] = run.finish(cc, store.dir, store.records, sel, m, logger, "grid", mode="replay")[0]
+            out[_name(c)] = run.finish(cc, store.dir, store.records, sel, m, logger, "grid", mode="replay")[0]
     md = grid_markdown(cells, out, cfg.drafter.name)
     write_text_atomic(out_dir / "grid.md", md)
     log.table(md)
     return out
 
 
+def _name(cell) -> str:
+    return cell_name(cell) if isinstance(cell, Schedule) else cell_name(*cell)
+
+
 def grid_markdown(cells, summaries: dict, drafter: str) -> str:
+    adaptive = [c for c in cells if isinstance(c, Schedule)]
+    cells = [c for c in cells if not isinstance(c, Schedule)]
     alphas = sorted({a for a, _ in cells})
     betas = sorted({b for _, b in cells})
     lines = [f"# {drafter}: macro τ by fusion weights (replay; τ includes the bonus token)", "",
@@ -138,6 +151,8 @@ def grid_markdown(cells, summaries: dict, drafter: str) -> str:
     for a in alphas:
         row = [summaries.get(cell_name(a, b)) for b in betas]
         lines.append(f"| {a:g} | " + " | ".join("–" if s is None else f"{s['macro']['tau']:.3f}" for s in row) + " |")
+    for c in adaptive:
+        lines += ["", f"adaptive cell {c.kind} ({c.describe()}): macro τ {summaries[c.kind]['macro']['tau']:.3f}"]
     best = max(summaries, key=lambda n: summaries[n]["macro"]["tau"])
     ci = summaries[best]["macro"].get("tau_ci95")
     lines += ["", f"best: {best}, macro τ {summaries[best]['macro']['tau']:.3f}"

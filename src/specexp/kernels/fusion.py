@@ -62,9 +62,11 @@ def gumbel(shape, generator: torch.Generator | None, device) -> torch.Tensor:
     return -torch.log(-torch.log(u))
 
 
-def fused_logits(long, z, w, alpha: float, beta: float, log_prior) -> torch.Tensor:
+def fused_logits(long, z, w, alpha: float, beta: float, log_prior, short: torch.Tensor | None = None) -> torch.Tensor:
     """The formula, materialised: `long + alpha * W z - beta * log_prior` in fp32 `[V]`; or `[a, V]` for a batch
     of rows of the same draft position (`long [a, V]`, `z [a, r]`: greedy replay, propose_all)."""
+    if torch.is_tensor(alpha) or torch.is_tensor(beta):      # adaptive weights (kernels/adaptive.py): [] | [a]
+        return _fused_logits_rows(long, z, w, alpha, beta, log_prior, short)
     fused = long.float()                                                                        # [V] | [a, V]
     if beta:
         fused = fused - beta * log_prior.float()
@@ -76,11 +78,25 @@ def fused_logits(long, z, w, alpha: float, beta: float, log_prior) -> torch.Tens
     return fused
 
 
+def _fused_logits_rows(long, z, w, alpha, beta, log_prior, short=None) -> torch.Tensor:
+    """`fused_logits` with weights per row, fp32 tensors `[]` (one row `[V]`) or `[a]` (rows `[a, V]`), in the
+    kernel's order `(long - beta * lp) + alpha * W z`; no term is skipped (a weight may be 0 on some rows only).
+    `short`: W z already computed (fp32, as below), e.g. by a gate that read it."""
+    lead = (...,) + (None,)
+    a = torch.as_tensor(alpha, dtype=torch.float32, device=long.device)[lead]                # [1] | [a, 1]
+    b = torch.as_tensor(beta, dtype=torch.float32, device=long.device)[lead]
+    if short is None:
+        short = w.float() @ z.float() if z.dim() == 1 else z.float() @ w.float().T             # [V] | [a, V]
+    return (long.float() - b * log_prior.float()) + a * short
+
+
 def fuse_torch(long, z, w, alpha: float, beta: float, log_prior, temperature: float = 0.0,
-               noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+               noise: torch.Tensor | None = None, short: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Reference. Returns `(token [] long, prob [] fp32 | None)`; `noise [V]` = Gumbel noise when sampling.
-    Greedy (temperature 0) also takes a batch of rows (`fused_logits`) and returns tokens `[a]`."""
-    fused = fused_logits(long, z, w, alpha, beta, log_prior)
+    Greedy (temperature 0) also takes a batch of rows (`fused_logits`) and returns tokens `[a]`. alpha / beta may be
+    fp32 tensors, one per row (adaptive weights; `short` = W z when already computed)."""
+    fused = fused_logits(long, z, w, alpha, beta, log_prior, short)
     if temperature <= 0:
         return fused.argmax(-1), None
     s = fused / temperature                                                                     # [V]
@@ -91,10 +107,13 @@ def fuse_torch(long, z, w, alpha: float, beta: float, log_prior, temperature: fl
 if triton is not None:
     @triton.jit
     def _fuse_tiles(long_ptr, z_ptr, w_ptr, lp_ptr, noise_ptr, seed_ptr,
-                    best_ptr, tok_ptr, tmax_ptr, tsum_ptr, sbest_ptr,
+                    best_ptr, tok_ptr, tmax_ptr, tsum_ptr, sbest_ptr, ab_ptr,
                     alpha, beta, inv_t, seed_add, V, R: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr,
-                    SAMPLE: tl.constexpr, HAS_NOISE: tl.constexpr):
+                    SAMPLE: tl.constexpr, HAS_NOISE: tl.constexpr, AB_IN_MEMORY: tl.constexpr):
         pid = tl.program_id(0)
+        if AB_IN_MEMORY:                                 # adaptive weights, computed on the device (no host read)
+            alpha = tl.load(ab_ptr).to(tl.float32)
+            beta = tl.load(ab_ptr + 1).to(tl.float32)
         offs = pid * BLOCK + tl.arange(0, BLOCK)                                                # [BLOCK]
         valid = offs < V
         acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -129,7 +148,7 @@ if triton is not None:
 
     _fuse_tiles_tuned = triton.autotune(
         configs=[triton.Config({"BLOCK": b, "BLOCK_R": r}, num_warps=w) for b, r, w in map(TILES.get, AUTOTUNE)],
-        key=["V", "R", "SAMPLE", "HAS_NOISE"])(_fuse_tiles)
+        key=["V", "R", "SAMPLE", "HAS_NOISE", "AB_IN_MEMORY"])(_fuse_tiles)
 
 
 def interpreted() -> bool:
@@ -159,6 +178,7 @@ class TritonFusion:
         self.best, self.tmax, self.tsum, self.sbest = (torch.empty(n, **f) for _ in range(4))
         self.tok = torch.empty(n, device=device, dtype=torch.int64)
         self.seed = torch.zeros(1, device=device, dtype=torch.int64)
+        self.ab = torch.zeros(2, **f)                    # adaptive (alpha, beta) of the next call, on the device
 
     @property
     def chosen_tile(self) -> str | None:
@@ -174,21 +194,28 @@ class TritonFusion:
 
     def __call__(self, long, z, w, alpha: float, beta: float, log_prior, temperature: float = 0.0,
                  noise: torch.Tensor | None = None, seed_add: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`seed_add` separates the random streams of the positions of one block (same seed, one replay)."""
+        """`seed_add` separates the random streams of the positions of one block (same seed, one replay). `alpha`,
+        `beta`: numbers, or 0-d fp32 device tensors (adaptive weights, kernels/adaptive.py), read by the kernel
+        from device memory."""
         sample = temperature > 0
         r = z.numel()
+        in_memory = torch.is_tensor(alpha) or torch.is_tensor(beta)
+        if in_memory:
+            self.ab[0].copy_(torch.as_tensor(alpha).reshape(()))
+            self.ab[1].copy_(torch.as_tensor(beta).reshape(()))
         args = (long, z, w, log_prior, noise if noise is not None else self.best, self.seed,
-                self.best, self.tok, self.tmax, self.tsum, self.sbest,
-                float(alpha), float(beta), 1.0 / temperature if sample else 1.0, int(seed_add), self.V)
+                self.best, self.tok, self.tmax, self.tsum, self.sbest, self.ab,
+                0.0 if in_memory else float(alpha), 0.0 if in_memory else float(beta),
+                1.0 / temperature if sample else 1.0, int(seed_add), self.V)
         if self.tile == "auto":
             _fuse_tiles_tuned[lambda meta: (triton.cdiv(self.V, meta["BLOCK"]),)](
-                *args, R=r, SAMPLE=sample, HAS_NOISE=noise is not None)
+                *args, R=r, SAMPLE=sample, HAS_NOISE=noise is not None, AB_IN_MEMORY=in_memory)
             block = _fuse_tiles_tuned.best_config.kwargs["BLOCK"]
         else:
             block, block_r, warps = TILES[self.tile]
             _fuse_tiles[(triton.cdiv(self.V, block),)](
                 *args, R=r, BLOCK=block, BLOCK_R=min(block_r, triton.next_power_of_2(r)),
-                SAMPLE=sample, HAS_NOISE=noise is not None, num_warps=warps)
+                SAMPLE=sample, HAS_NOISE=noise is not None, AB_IN_MEMORY=in_memory, num_warps=warps)
         n = triton.cdiv(self.V, block)
         best, tok, tmax, tsum, sbest = (b[:n] for b in (self.best, self.tok, self.tmax, self.tsum, self.sbest))
         # gather, not tok[t]: a 0-d tensor index is read on the host, which a CUDA graph forbids
