@@ -100,7 +100,10 @@ def test_ctrl_c_is_one_line_and_the_rerun_says_it_resumes(tmp_path):
            "eval.num_samples=24", "eval.max_new_tokens=48", "logger=none", "eval.progress=false", "eval.warmup=0",
            f"hydra.run.dir={d}"]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.Popen(run, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT restored to its default in the child: a suite started in the background by a non-interactive shell
+    # ignores it, the child would inherit that and run to its end (exit 0) instead of being interrupted.
+    proc = subprocess.Popen(run, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 240
     while time.time() < deadline and not ((d / "samples.jsonl").exists() and (d / "samples.jsonl").stat().st_size):
         time.sleep(0.05)
