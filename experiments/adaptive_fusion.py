@@ -33,7 +33,7 @@ def collect(out: str, overrides: list[str]) -> None:
     from specexp.decoding.engine import drafts_per_round
     from specexp.eval import run
     from specexp.eval.references import turns_with_prompts
-    from specexp.eval.replay import build_references, budget, cached_teacher_forced, replay_settings, tap_file
+    from specexp.eval.replay import budget, build_references, cached_teacher_forced, replay_settings, tap_file
     from specexp.kernels.adaptive import entropy_maxp
 
     cfg, _ = compose(["task=replay", *overrides])

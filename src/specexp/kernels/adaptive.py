@@ -103,7 +103,8 @@ class GateSchedule(Schedule):
     def describe(self) -> str:
         fmt = lambda w: "[" + ", ".join(f"{x:.3g}" for x in w.tolist()) + "]"   # noqa: E731
         return (f"gate over {list(GATE_FEATURES)}: alpha = {self.alpha_max:g} sigmoid({self.c_alpha:.3g} + "
-                f"{fmt(self.w_alpha)} . f), beta = {self.beta_max:g} sigmoid({self.c_beta:.3g} + {fmt(self.w_beta)} . f)")
+                f"{fmt(self.w_alpha)} . f), beta = {self.beta_max:g} sigmoid({self.c_beta:.3g} + "
+                f"{fmt(self.w_beta)} . f)")
 
 
 def build_schedule(kind: str | None, params: dict | None) -> Schedule | None:
