@@ -123,6 +123,25 @@ def chi2_pvalue_against_toy(target_table: torch.Tensor, temperature: float, coun
     return chisquare([counts.get(s, 0) for s in keys], [probs[s] * n_runs for s in keys]).pvalue
 
 
+def protocol_b_toy_fit(target_table: torch.Tensor, drafter, temperature: float, steps: int, n_runs: int,
+                       drafts: int | None = None) -> tuple[float, int]:
+    """`n_runs` protocol-B generations of `steps` + 1 tokens from token 0 on `ToyTarget(target_table)` with `drafter`
+    (one seeded generator): the χ² p-value of their first `steps` tokens against the target's exact distribution,
+    and how many first rounds accepted 3 drafts or more. `drafts`: every first round must have drafted that many."""
+    from specexp.decoding.engine import DecodeConfig, generate
+
+    target = ToyTarget(target_table)
+    dc = DecodeConfig(protocol="B", temperature=temperature, max_new_tokens=steps + 1)
+    gen = torch.Generator().manual_seed(1234)
+    counts, deep = {}, 0
+    for _ in range(n_runs):
+        out = generate(target, drafter, [0], dc, gen)
+        assert drafts is None or out.drafted[0] == drafts
+        counts[tuple(out.tokens[:steps])] = counts.get(tuple(out.tokens[:steps]), 0) + 1
+        deep += out.accept_lengths[0] >= 3
+    return chi2_pvalue_against_toy(target_table, temperature, counts, n_runs), deep
+
+
 def micro_target(vocab: int = 5, hidden: int = 16, layers: int = 2, std: float = 0.6, seed: int = 0):
     """A real (HF Qwen3) target over a vocabulary of `vocab` tokens: every registry drafter builds on it as on
     any target (random init), and its exact sequence distribution can be enumerated for distribution tests.

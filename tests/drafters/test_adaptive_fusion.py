@@ -6,7 +6,7 @@ line."""
 import pytest
 import torch
 
-from helpers import DELS, ToyTarget, _Stateless, chi2_pvalue_against_toy, follow_script, micro_target
+from helpers import DELS, _Stateless, follow_script, micro_target, protocol_b_toy_fit
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters import dels
@@ -124,15 +124,7 @@ def _dist_test(backend, n_runs, sched):
     merged = _head(V, seed=1)[0]
     lp = torch.log_softmax(torch.randn(V, generator=g), 0)
     drafter = dels.DeLSDrafter(_Backbone(draft_table, 3), merged, lp, 0.0, 0.0, backend, False, sched)
-    target = ToyTarget(target_table)
-    dc = DecodeConfig(protocol="B", temperature=T, max_new_tokens=steps + 1)
-    gen = torch.Generator().manual_seed(1234)
-    counts, deep = {}, 0
-    for _ in range(n_runs):
-        out = generate(target, drafter, [0], dc, gen)
-        counts[tuple(out.tokens[:steps])] = counts.get(tuple(out.tokens[:steps]), 0) + 1
-        deep += out.accept_lengths[0] >= 3
-    return chi2_pvalue_against_toy(target_table, T, counts, n_runs), deep
+    return protocol_b_toy_fit(target_table, drafter, T, steps, n_runs)
 
 
 @pytest.mark.slow

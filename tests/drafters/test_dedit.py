@@ -4,7 +4,7 @@ the edit metrics classify rounds exactly; bad options are one-line errors."""
 import pytest
 import torch
 
-from helpers import ToyTarget, _Stateless, chi2_pvalue_against_toy
+from helpers import _Stateless, protocol_b_toy_fit
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters import dedit
@@ -135,15 +135,7 @@ def _dist_test(n_runs, **kw):
     table = target_table[:, None, :] + torch.randn(V, 3, V, generator=g) * 0.5                # [V, W, V]
     mix = torch.randn(3, 3, V, V, generator=g) * 0.6
     drafter = _Toy(table, mix, passes=2, early_stop=False, **kw)
-    dc = DecodeConfig(protocol="B", temperature=T, max_new_tokens=steps + 1)
-    gen = torch.Generator().manual_seed(1234)
-    counts, deep = {}, 0
-    for _ in range(n_runs):
-        out = generate(ToyTarget(target_table), drafter, [0], dc, gen)
-        assert out.drafted[0] == 3
-        counts[tuple(out.tokens[:steps])] = counts.get(tuple(out.tokens[:steps]), 0) + 1
-        deep += out.accept_lengths[0] >= 3
-    return chi2_pvalue_against_toy(target_table, T, counts, n_runs), deep
+    return protocol_b_toy_fit(target_table, drafter, T, steps, n_runs, drafts=3)
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import argparse
 import pytest
 import torch
 
-from helpers import EagerLoop, ToyTarget, _Stateless, chi2_pvalue_against_toy
+from helpers import EagerLoop, _Stateless, protocol_b_toy_fit
 from helpers import release_head_dir as _release
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
@@ -121,16 +121,7 @@ def _dist_test(backend, n_runs):
     merged = dels.MergedHead(head, embed, lm, torch.float32, "cpu")
     lp = torch.log_softmax(torch.randn(V, generator=g), 0)
     drafter = dels.DeLSDrafter(_Backbone(draft_table, 3), merged, lp, [0.7, 1.2], [0.4, 0.1], backend, False)
-    target = ToyTarget(target_table)
-    dc = DecodeConfig(protocol="B", temperature=T, max_new_tokens=steps + 1)
-    gen = torch.Generator().manual_seed(1234)
-    counts, deep = {}, 0
-    for _ in range(n_runs):
-        out = generate(target, drafter, [0], dc, gen)
-        assert out.drafted[0] == 3
-        counts[tuple(out.tokens[:steps])] = counts.get(tuple(out.tokens[:steps]), 0) + 1
-        deep += out.accept_lengths[0] >= 3                      # the fused drafts 2 (and 3) were accepted
-    return chi2_pvalue_against_toy(target_table, T, counts, n_runs), deep
+    return protocol_b_toy_fit(target_table, drafter, T, steps, n_runs, drafts=3)
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ protocol B keeps the target distribution, the CUDA-graph path's buffers, and one
 import pytest
 import torch
 
-from helpers import EagerLoop, ToyTarget, _Stateless, chi2_pvalue_against_toy, micro_target
+from helpers import EagerLoop, _Stateless, micro_target, protocol_b_toy_fit
 from specexp import registry
 from specexp.decoding.engine import DecodeConfig, generate
 from specexp.drafters import domino
@@ -125,15 +125,7 @@ def _dist_test(backend, n_runs):
     rows = target_table[:, None, :] + torch.randn(V, 4, V, generator=g) * 0.7        # [V, B, V]
     bb = _Backbone(rows, torch.eye(V))
     drafter = domino.DominoDrafter(bb, head, embed, 0.5, backend, False)
-    dc = DecodeConfig(protocol="B", temperature=T, max_new_tokens=steps + 1)
-    gen = torch.Generator().manual_seed(1234)
-    counts, deep = {}, 0
-    for _ in range(n_runs):
-        out = generate(ToyTarget(target_table), drafter, [0], dc, gen)
-        assert out.drafted[0] == 3
-        counts[tuple(out.tokens[:steps])] = counts.get(tuple(out.tokens[:steps]), 0) + 1
-        deep += out.accept_lengths[0] >= 3                       # a corrected draft was accepted
-    return chi2_pvalue_against_toy(target_table, T, counts, n_runs), deep
+    return protocol_b_toy_fit(target_table, drafter, T, steps, n_runs, drafts=3)
 
 
 @pytest.mark.slow
